@@ -1,0 +1,388 @@
+//! The lock state machine: plain Rust, no Redis types, the clock passed in.
+//!
+//! A [`Lock`] is what one Redis key holds: its holders (each with a mode, a reentrancy count,
+//! an absolute expiry and a fencing token) and the FIFO queue of waiters. Every operation
+//! takes a [`Step`] carrying the current time, the module's fencing counter and a list that
+//! collects what happened besides the direct answer (waiters granted, holders expired). The
+//! Redis side turns those [`Event`]s into replies to blocked clients, notifications and
+//! statistics; nothing here knows about clients, keys or timers.
+//!
+//! The grant rule (see [`Lock::grant_waiters`]): the head of the queue is served as soon as it
+//! is compatible with the current holders; a reader at the head brings in every reader behind
+//! it up to the next queued writer. New requests never overtake the queue, except holders
+//! re-entering a lock they already hold.
+
+mod holders;
+mod queue;
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;
+
+pub use holders::{Holder, HolderSet};
+pub use queue::{WaitQueue, Waiter};
+
+/// Milliseconds: a duration or an absolute Unix time, as Redis's `mstime()`.
+pub type Millis = u64;
+
+/// Largest accepted ttl or timeout: 2^47 ms (about 4,460 years). Anything larger could
+/// overflow an absolute time once added to the clock.
+pub const MAX_DURATION: Millis = 1 << 47;
+/// Longest accepted owner, in bytes.
+pub const MAX_OWNER_LEN: usize = 1024;
+
+/// Exclusive (write) or shared (read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    Write,
+    Read,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Write => "write",
+            Mode::Read => "read",
+        }
+    }
+}
+
+/// Identifies one queued client. Ids are issued in arrival order, so they order the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WaiterId(pub u64);
+
+/// The module-wide source of fencing tokens. One counter serves every key, so a token is
+/// larger than every token issued before it on this instance, for any key; that survives
+/// deleting a key without keeping anything per deleted key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FenceCounter {
+    last: u64,
+}
+
+/// Tokens are replied as RESP integers (signed 64-bit), so they stop there. At one grant per
+/// nanosecond that is 292 years away; the counter saturates rather than wrapping.
+pub const MAX_TOKEN: u64 = i64::MAX as u64;
+
+impl FenceCounter {
+    pub fn new(last: u64) -> Self {
+        FenceCounter {
+            last: last.min(MAX_TOKEN),
+        }
+    }
+
+    /// The last token issued (0 before the first).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Issues the next token.
+    pub fn issue(&mut self) -> u64 {
+        self.last = self.last.saturating_add(1).min(MAX_TOKEN);
+        self.last
+    }
+
+    /// Makes sure later tokens are above `token` (one issued elsewhere, e.g. by a master).
+    pub fn observe(&mut self, token: u64) {
+        self.last = self.last.max(token.min(MAX_TOKEN));
+    }
+}
+
+/// Something that happened to a lock besides the direct answer to the operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A queued waiter was granted the lock. `count` is its hold count after the grant
+    /// (greater than 1 when the owner already held the lock).
+    Granted {
+        waiter: WaiterId,
+        owner: Box<[u8]>,
+        mode: Mode,
+        token: u64,
+        count: u64,
+        expires_at: Millis,
+    },
+    /// A holder's expiry passed and it was dropped.
+    Expired { owner: Box<[u8]>, mode: Mode },
+}
+
+/// The context of one operation: the time, the fencing counter, and where events go.
+pub struct Step<'a> {
+    pub now: Millis,
+    pub fences: &'a mut FenceCounter,
+    pub events: &'a mut Vec<Event>,
+}
+
+/// The answer to an acquire request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Granted now. `count` is the owner's hold count after the grant.
+    Granted { token: u64, count: u64 },
+    /// Not grantable now; the request joined the queue under the given id.
+    Queued,
+    /// Not grantable now, and the caller did not want to wait.
+    Busy,
+    /// The owner holds the lock shared and asked for it exclusively: waiting would never end.
+    Deadlock,
+    /// The owner's hold count is at its maximum (2^64 - 1).
+    CountOverflow,
+}
+
+/// The owner does not hold the lock (never did, released, or expired).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotOwner;
+
+/// One lock: its holders, its waiters and the last token granted on it.
+#[derive(Clone, Debug, Default)]
+pub struct Lock {
+    holders: HolderSet,
+    queue: WaitQueue,
+    fence: u64,
+}
+
+impl Lock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn holders(&self) -> &HolderSet {
+        &self.holders
+    }
+
+    pub fn queue(&self) -> &WaitQueue {
+        &self.queue
+    }
+
+    /// The mode the lock is held in, `None` when free.
+    pub fn mode(&self) -> Option<Mode> {
+        self.holders.mode()
+    }
+
+    /// The last fencing token granted on this lock.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// True when nobody holds the lock and nobody waits: the key should go away.
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+
+    /// When the next holder expires: the time the expiry timer must fire.
+    pub fn next_expiry(&self) -> Option<Millis> {
+        self.holders.earliest_expiry()
+    }
+
+    /// When the last holder expires: the key's absolute Redis expiry.
+    pub fn last_expiry(&self) -> Option<Millis> {
+        self.holders.latest_expiry()
+    }
+
+    /// Asks for the lock in `mode` for `owner`, holding it `ttl` ms from the grant.
+    /// With `wait`, a request that cannot be granted now joins the queue under that id.
+    pub fn acquire(
+        &mut self,
+        owner: &[u8],
+        mode: Mode,
+        ttl: Millis,
+        wait: Option<WaiterId>,
+        step: &mut Step<'_>,
+    ) -> Acquired {
+        self.expire(step);
+        if let Some(held) = self.holders.get(owner) {
+            // Re-entry: an exclusive holder may take either mode again (a read inside a write
+            // stays exclusive); a reader may read again even with writers queued, or it would
+            // deadlock against them. A reader asking to write would wait for itself.
+            if held.mode == Mode::Read && mode == Mode::Write {
+                return Acquired::Deadlock;
+            }
+            let Some(count) = held.count.checked_add(1) else {
+                return Acquired::CountOverflow;
+            };
+            let token = held.token;
+            let expires_at = step.now.saturating_add(ttl);
+            self.holders.update(owner, count, expires_at);
+            return Acquired::Granted { token, count };
+        }
+        if self.queue.is_empty() && self.compatible(mode) {
+            let token = self.grant_new(owner, mode, ttl, step);
+            return Acquired::Granted { token, count: 1 };
+        }
+        match wait {
+            Some(id) => {
+                self.queue.push(
+                    id,
+                    Waiter {
+                        owner: owner.into(),
+                        mode,
+                        ttl,
+                    },
+                );
+                Acquired::Queued
+            }
+            None => Acquired::Busy,
+        }
+    }
+
+    /// Drops one hold of `owner` (all of them with `all`) and serves the queue.
+    /// Returns the owner's remaining count.
+    pub fn release(&mut self, owner: &[u8], all: bool, step: &mut Step<'_>) -> Result<u64, NotOwner> {
+        self.expire(step);
+        let held = self.holders.get(owner).ok_or(NotOwner)?;
+        let remaining = if all { 0 } else { held.count.saturating_sub(1) };
+        if remaining == 0 {
+            self.holders.remove(owner);
+            self.grant_waiters(step);
+        } else {
+            let expires_at = held.expires_at;
+            self.holders.update(owner, remaining, expires_at);
+        }
+        Ok(remaining)
+    }
+
+    /// Sets `owner`'s expiry to now + `ttl`. Returns the new absolute expiry.
+    pub fn extend(&mut self, owner: &[u8], ttl: Millis, step: &mut Step<'_>) -> Result<Millis, NotOwner> {
+        self.expire(step);
+        let count = self.holders.get(owner).ok_or(NotOwner)?.count;
+        let expires_at = step.now.saturating_add(ttl);
+        self.holders.update(owner, count, expires_at);
+        Ok(expires_at)
+    }
+
+    /// Drops every holder whose expiry is at or before now, then serves the queue.
+    pub fn expire(&mut self, step: &mut Step<'_>) {
+        let mut dropped = false;
+        while let Some((owner, holder)) = self.holders.pop_expired(step.now) {
+            step.events.push(Event::Expired {
+                owner,
+                mode: holder.mode,
+            });
+            dropped = true;
+        }
+        if dropped {
+            self.grant_waiters(step);
+        }
+    }
+
+    /// Takes a waiter out of the queue (its timeout passed or its client went away) and
+    /// serves the queue, since the waiter may have been what kept others waiting.
+    pub fn cancel_waiter(&mut self, id: WaiterId, step: &mut Step<'_>) -> Option<Waiter> {
+        let waiter = self.queue.remove(id)?;
+        self.expire(step);
+        self.grant_waiters(step);
+        Some(waiter)
+    }
+
+    /// Removes every waiter, in arrival order (the key is going away; they wait elsewhere).
+    pub fn take_waiters(&mut self) -> Vec<(WaiterId, Waiter)> {
+        self.queue.take_all()
+    }
+
+    /// Drops queued waiters for which `keep` is false (they belong to another key now).
+    /// Does not serve the queue: call [`Lock::settle`] after.
+    pub fn retain_waiters(&mut self, keep: impl FnMut(WaiterId) -> bool) {
+        self.queue.retain(keep);
+    }
+
+    /// Puts waiters back in their arrival places (after their key was deleted) and serves
+    /// the queue.
+    pub fn requeue(&mut self, waiters: Vec<(WaiterId, Waiter)>, step: &mut Step<'_>) {
+        for (id, waiter) in waiters {
+            self.queue.push(id, waiter);
+        }
+        self.settle(step);
+    }
+
+    /// Expires what is due and grants what is grantable: brings the lock back to its
+    /// invariant (the queue head is never grantable) after anything changed it.
+    pub fn settle(&mut self, step: &mut Step<'_>) {
+        self.expire(step);
+        self.grant_waiters(step);
+    }
+
+    /// Puts back a holder exactly as it was saved (RDB load, replication). The token is
+    /// observed by the fencing counter so later grants stay above it.
+    pub fn restore_holder(&mut self, owner: &[u8], holder: Holder, fences: &mut FenceCounter) {
+        fences.observe(holder.token);
+        self.fence = self.fence.max(holder.token);
+        self.holders.remove(owner);
+        self.holders.insert(owner, holder);
+    }
+
+    /// Removes a holder outright (replication of a release or expiry decided elsewhere).
+    pub fn remove_holder(&mut self, owner: &[u8]) -> Option<Holder> {
+        self.holders.remove(owner)
+    }
+
+    /// Restores the last token granted on this lock (RDB load).
+    pub fn restore_fence(&mut self, fence: u64, fences: &mut FenceCounter) {
+        fences.observe(fence);
+        self.fence = self.fence.max(fence.min(MAX_TOKEN));
+    }
+
+    /// Can a new (non-reentrant) hold in `mode` be added to the current holders?
+    fn compatible(&self, mode: Mode) -> bool {
+        match self.holders.mode() {
+            None => true,
+            Some(held) => held == Mode::Read && mode == Mode::Read,
+        }
+    }
+
+    /// Serves the queue from its head while the head is grantable: a writer when nobody
+    /// else holds the lock, a reader when the lock is free or shared (or held exclusively by
+    /// the reader's own owner). Consecutive readers are thereby granted together, up to the
+    /// next writer.
+    fn grant_waiters(&mut self, step: &mut Step<'_>) {
+        while let Some((_, head)) = self.queue.head() {
+            let own = self.holders.get(&head.owner);
+            let grantable = match (own, head.mode) {
+                (Some(h), Mode::Write) => h.mode == Mode::Write && self.holders.len() == 1,
+                (Some(h), Mode::Read) => h.mode == Mode::Write || self.compatible(Mode::Read),
+                (None, mode) => self.compatible(mode),
+            };
+            if !grantable {
+                break;
+            }
+            let Some((id, waiter)) = self.queue.pop_head() else {
+                break;
+            };
+            let (token, count) = match self.holders.get(&waiter.owner) {
+                Some(h) => {
+                    let count = h.count.saturating_add(1);
+                    let token = h.token;
+                    let expires_at = step.now.saturating_add(waiter.ttl);
+                    self.holders.update(&waiter.owner, count, expires_at);
+                    (token, count)
+                }
+                None => (self.grant_new(&waiter.owner, waiter.mode, waiter.ttl, step), 1),
+            };
+            let expires_at = self
+                .holders
+                .get(&waiter.owner)
+                .map_or(step.now, |h| h.expires_at);
+            step.events.push(Event::Granted {
+                waiter: id,
+                owner: waiter.owner,
+                mode: waiter.mode,
+                token,
+                count,
+                expires_at,
+            });
+        }
+    }
+
+    /// Adds `owner` as a new holder with a fresh token.
+    fn grant_new(&mut self, owner: &[u8], mode: Mode, ttl: Millis, step: &mut Step<'_>) -> u64 {
+        let token = step.fences.issue();
+        self.fence = token;
+        self.holders.insert(
+            owner,
+            Holder {
+                mode,
+                count: 1,
+                expires_at: step.now.saturating_add(ttl),
+                token,
+            },
+        );
+        token
+    }
+}
