@@ -65,6 +65,11 @@ pub struct FenceCounter {
 pub const MAX_TOKEN: u64 = i64::MAX as u64;
 
 impl FenceCounter {
+    /// A counter that has issued nothing yet (usable in `const` contexts).
+    pub const fn new_const() -> Self {
+        FenceCounter { last: 0 }
+    }
+
     pub fn new(last: u64) -> Self {
         FenceCounter {
             last: last.min(MAX_TOKEN),

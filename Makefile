@@ -1,0 +1,39 @@
+# redis-lock: `make run` builds the module and starts redis-server with it; `make test` runs
+# every test. Both install redis-server and libclang-dev with apt-get when they are missing.
+
+PORT ?= 6379
+CARGO ?= cargo
+MODULE := target/release/libredis_lock.so
+TEST_MODULE := target/debug/libredis_lock.so
+
+.PHONY: all deps build run test unit integration lint fmt clippy clean
+
+all: build
+
+deps:
+	@scripts/ensure-deps.sh
+
+build: deps
+	$(CARGO) build --release
+
+# Foreground server on $(PORT) with the module loaded through module.conf.example.
+run: build
+	redis-server module.conf.example --port $(PORT)
+
+# Unit and property tests of the core, then integration tests against real redis-servers
+# that the harness starts on free loopback ports. The integration tests load a debug build
+# with the `test-hooks` feature (it adds LOCK.DEBUG-PANIC, used to test the panic guard).
+test: deps
+	$(CARGO) build --features test-hooks
+	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
+
+lint: deps
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --features test-hooks -- -D warnings
+
+fmt:
+	$(CARGO) fmt
+
+clean:
+	$(CARGO) clean

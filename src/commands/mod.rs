@@ -1,0 +1,191 @@
+//! The command handlers: parse, look at the key, run the core, reply.
+//!
+//! Each public handler is what `redis_module!` registers; it runs its body under the panic
+//! guard and validates every argument before any state is looked at.
+
+pub mod parse;
+
+use std::collections::BTreeMap;
+
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::redisvalue::RedisValueKey;
+
+use crate::guard::guard;
+use crate::keys::LockKey;
+use crate::lock::{Acquired, Mode, Waiter};
+use crate::{blocking, ffi, reconcile, stats};
+
+use self::parse::ArgError;
+
+fn arg_error(e: ArgError) -> RedisError {
+    match e {
+        ArgError::Arity => RedisError::WrongArity,
+        other => RedisError::Str(other.message()),
+    }
+}
+
+fn slices(args: &[RedisString]) -> Vec<&[u8]> {
+    args.iter().map(|a| a.as_slice()).collect()
+}
+
+const NOT_OWNER: &str = "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
+const DEADLOCK: &str =
+    "DEADLOCK the owner holds this lock shared and asked for it exclusively; release the read hold first";
+
+/// LOCK.ACQUIRE key owner ttl [WAIT timeout]
+pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.ACQUIRE", || acquire_in_mode(ctx, &args, Mode::Write))
+}
+
+/// LOCK.RWREAD key owner ttl [WAIT timeout]
+pub fn rwread(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.RWREAD", || acquire_in_mode(ctx, &args, Mode::Read))
+}
+
+fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResult {
+    let bytes = slices(args);
+    let [_, key, rest @ ..] = &bytes[..] else {
+        return Err(RedisError::WrongArity);
+    };
+    let req = parse::acquire(rest).map_err(arg_error)?;
+    let db = ffi::selected_db(ctx);
+    reconcile::run_for(ctx, db, key);
+
+    // Inside MULTI, Lua and functions nothing may block: WAIT then acts as without WAIT.
+    let may_block = !ctx
+        .get_flags()
+        .intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
+    let wait_id = req.wait.filter(|_| may_block).map(|_| blocking::next_id());
+
+    let mut lock_key = LockKey::open(ctx, key);
+    lock_key.existing_or_new()?;
+    let outcome = lock_key
+        .apply(|lock, step| lock.acquire(req.owner, mode, req.ttl, wait_id, step))
+        .ok_or(RedisError::Str("ERR the lock key vanished"))?;
+    match outcome {
+        Acquired::Granted { token, .. } => {
+            stats::count_grant();
+            lock_key.notify("lock.acquire");
+            Ok(RedisValue::Integer(i64::try_from(token).unwrap_or(i64::MAX)))
+        }
+        Acquired::Queued => {
+            let (Some(id), Some(timeout)) = (wait_id, req.wait) else {
+                return Ok(RedisValue::Null);
+            };
+            let waiter = Waiter {
+                owner: req.owner.into(),
+                mode,
+                ttl: req.ttl,
+            };
+            if blocking::block(ctx, id, db, key, waiter, timeout) {
+                // The reply comes from the blocked-client callbacks.
+                Ok(RedisValue::NoReply)
+            } else {
+                lock_key.apply(|lock, step| lock.cancel_waiter(id, step));
+                Ok(RedisValue::Null)
+            }
+        }
+        Acquired::Busy => Ok(RedisValue::Null),
+        Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
+        Acquired::CountOverflow => Err(RedisError::Str("ERR hold count overflow")),
+    }
+}
+
+/// LOCK.RELEASE key owner [ALL]
+pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.RELEASE", || {
+        let bytes = slices(&args);
+        let [_, key, rest @ ..] = &bytes[..] else {
+            return Err(RedisError::WrongArity);
+        };
+        let (owner, all) = parse::release(rest).map_err(arg_error)?;
+        reconcile::run_for(ctx, ffi::selected_db(ctx), key);
+        let mut lock_key = LockKey::open(ctx, key);
+        if lock_key.existing()?.is_none() {
+            return Err(RedisError::Str(NOT_OWNER));
+        }
+        let remaining = lock_key
+            .apply(|lock, step| lock.release(owner, all, step))
+            .ok_or(RedisError::Str(NOT_OWNER))?
+            .map_err(|_| RedisError::Str(NOT_OWNER))?;
+        lock_key.notify("lock.release");
+        Ok(RedisValue::Integer(i64::try_from(remaining).unwrap_or(i64::MAX)))
+    })
+}
+
+/// LOCK.EXTEND key owner ttl
+pub fn extend(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.EXTEND", || {
+        let bytes = slices(&args);
+        let [_, key, rest @ ..] = &bytes[..] else {
+            return Err(RedisError::WrongArity);
+        };
+        let (owner, ttl) = parse::extend(rest).map_err(arg_error)?;
+        reconcile::run_for(ctx, ffi::selected_db(ctx), key);
+        let mut lock_key = LockKey::open(ctx, key);
+        if lock_key.existing()?.is_none() {
+            return Err(RedisError::Str(NOT_OWNER));
+        }
+        let result = lock_key.apply(|lock, step| lock.extend(owner, ttl, step));
+        match result {
+            Some(Ok(_)) => Ok(RedisValue::Integer(1)),
+            _ => Err(RedisError::Str(NOT_OWNER)),
+        }
+    })
+}
+
+/// LOCK.INFO key
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.INFO", || {
+        let bytes = slices(&args);
+        let [_, key] = &bytes[..] else {
+            return Err(RedisError::WrongArity);
+        };
+        let mut lock_key = LockKey::open_read(ctx, key);
+        let Some(value) = lock_key.existing()? else {
+            return Ok(RedisValue::Null);
+        };
+        let now = ffi::now_ms();
+        let lock = &value.lock;
+        // Holders whose expiry has passed are gone even if the timer has not run yet.
+        let mut holders: Vec<_> = lock.holders().iter().filter(|(_, h)| h.expires_at > now).collect();
+        holders.sort_by(|a, b| a.0.cmp(b.0));
+        let mode = match holders.first() {
+            None => "free",
+            Some((_, h)) => h.mode.as_str(),
+        };
+        let holders = holders
+            .into_iter()
+            .map(|(owner, h)| {
+                RedisValue::Array(vec![
+                    RedisValue::StringBuffer(owner.to_vec()),
+                    RedisValue::Integer(i64::try_from(h.count).unwrap_or(i64::MAX)),
+                    RedisValue::Integer(i64::try_from(h.expires_at - now).unwrap_or(i64::MAX)),
+                ])
+            })
+            .collect();
+        let queue = lock
+            .queue()
+            .iter()
+            .map(|(_, w)| RedisValue::SimpleStringStatic(w.mode.as_str()))
+            .collect();
+        let mut map = BTreeMap::new();
+        let field = |name: &str| RedisValueKey::String(name.to_string());
+        map.insert(field("mode"), RedisValue::SimpleStringStatic(mode));
+        map.insert(field("fence"), RedisValue::Integer(i64::try_from(lock.fence()).unwrap_or(i64::MAX)));
+        map.insert(field("holders"), RedisValue::Array(holders));
+        map.insert(
+            field("waiting"),
+            RedisValue::Integer(i64::try_from(lock.queue().len()).unwrap_or(i64::MAX)),
+        );
+        map.insert(field("queue"), RedisValue::Array(queue));
+        Ok(RedisValue::OrderedMap(map))
+    })
+}
+
+/// LOCK.DEBUG-PANIC: panics on purpose, so the tests can check that the guard turns a panic
+/// into an error reply and the server keeps running. Only in builds with `test-hooks`.
+#[cfg(feature = "test-hooks")]
+pub fn debug_panic(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.DEBUG-PANIC", || panic!("deliberate panic from LOCK.DEBUG-PANIC"))
+}

@@ -1,0 +1,201 @@
+//! Argument parsing for the lock commands: plain functions over byte slices, so every rule is
+//! unit-tested without a server. Nothing here looks at state; a command validates all of its
+//! arguments before touching the key.
+//!
+//! Error texts never echo the user's bytes: they may hold anything, including NUL and CRLF.
+
+use crate::lock::{Millis, MAX_DURATION, MAX_OWNER_LEN};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    Arity,
+    Owner,
+    TtlNotInteger,
+    TtlRange,
+    TimeoutNotInteger,
+    TimeoutRange,
+    UnknownOption,
+    Syntax,
+}
+
+impl ArgError {
+    pub fn message(self) -> &'static str {
+        match self {
+            ArgError::Arity => "wrong number of arguments",
+            ArgError::Owner => "ERR owner must be 1 to 1024 bytes",
+            ArgError::TtlNotInteger => "ERR ttl is not an integer or out of range",
+            ArgError::TtlRange => "ERR ttl must be between 1 and 140737488355328 milliseconds",
+            ArgError::TimeoutNotInteger => "ERR timeout is not an integer or out of range",
+            ArgError::TimeoutRange => "ERR timeout must be between 0 and 140737488355328 milliseconds",
+            ArgError::UnknownOption => "ERR unknown option",
+            ArgError::Syntax => "ERR syntax error",
+        }
+    }
+}
+
+/// `LOCK.ACQUIRE` / `LOCK.RWREAD` arguments after the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    pub owner: &'a [u8],
+    pub ttl: Millis,
+    /// `Some(0)` is WAIT 0: no time limit.
+    pub wait: Option<Millis>,
+}
+
+/// Parses `owner ttl [WAIT timeout]`.
+pub fn acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, ArgError> {
+    let (owner, ttl, rest) = match args {
+        [owner, ttl, rest @ ..] => (*owner, *ttl, rest),
+        _ => return Err(ArgError::Arity),
+    };
+    let owner = parse_owner(owner)?;
+    let ttl = parse_ttl(ttl)?;
+    let wait = match rest {
+        [] => None,
+        [opt, timeout] if opt.eq_ignore_ascii_case(b"WAIT") => Some(parse_timeout(timeout)?),
+        [opt, ..] if !opt.eq_ignore_ascii_case(b"WAIT") => return Err(ArgError::UnknownOption),
+        _ => return Err(ArgError::Syntax),
+    };
+    Ok(AcquireArgs { owner, ttl, wait })
+}
+
+/// Parses `owner [ALL]` (LOCK.RELEASE). Returns the owner and whether ALL was given.
+pub fn release<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], bool), ArgError> {
+    match args {
+        [owner] => Ok((parse_owner(owner)?, false)),
+        [owner, opt] => {
+            let owner = parse_owner(owner)?;
+            if opt.eq_ignore_ascii_case(b"ALL") {
+                Ok((owner, true))
+            } else {
+                Err(ArgError::UnknownOption)
+            }
+        }
+        [] => Err(ArgError::Arity),
+        _ => Err(ArgError::Syntax),
+    }
+}
+
+/// Parses `owner ttl` (LOCK.EXTEND).
+pub fn extend<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], Millis), ArgError> {
+    match args {
+        [owner, ttl] => Ok((parse_owner(owner)?, parse_ttl(ttl)?)),
+        _ => Err(ArgError::Arity),
+    }
+}
+
+fn parse_owner(owner: &[u8]) -> Result<&[u8], ArgError> {
+    if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
+        return Err(ArgError::Owner);
+    }
+    Ok(owner)
+}
+
+fn parse_ttl(arg: &[u8]) -> Result<Millis, ArgError> {
+    let v = parse_i64(arg).ok_or(ArgError::TtlNotInteger)?;
+    match u64::try_from(v) {
+        Ok(ttl) if (1..=MAX_DURATION).contains(&ttl) => Ok(ttl),
+        _ => Err(ArgError::TtlRange),
+    }
+}
+
+fn parse_timeout(arg: &[u8]) -> Result<Millis, ArgError> {
+    let v = parse_i64(arg).ok_or(ArgError::TimeoutNotInteger)?;
+    match u64::try_from(v) {
+        Ok(t) if t <= MAX_DURATION => Ok(t),
+        _ => Err(ArgError::TimeoutRange),
+    }
+}
+
+/// A signed 64-bit decimal integer written as Redis writes them: an optional `-`, then digits
+/// with no leading zero (except `0` itself), nothing else (no `+`, spaces or exponent).
+pub fn parse_i64(arg: &[u8]) -> Option<i64> {
+    let (negative, digits) = match arg {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, arg),
+    };
+    match digits {
+        [] => return None,
+        [b'0'] if !negative => return Some(0),
+        [b'0', ..] => return None,
+        _ => {}
+    }
+    let mut value: i64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(b - b'0');
+        value = value.checked_mul(10)?;
+        value = if negative { value.checked_sub(d)? } else { value.checked_add(d)? };
+    }
+    Some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(args: &[&str]) -> Vec<Vec<u8>> {
+        args.iter().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    fn acq(args: &[&str]) -> Result<(Vec<u8>, Millis, Option<Millis>), ArgError> {
+        let owned = a(args);
+        let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
+        acquire(&refs).map(|r| (r.owner.to_vec(), r.ttl, r.wait))
+    }
+
+    #[test]
+    fn integers_follow_redis_rules() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"42"), Some(42));
+        assert_eq!(parse_i64(b"-7"), Some(-7));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in ["", "-", "+1", " 1", "1 ", "01", "-0", "1e3", "1.0", "abc", "9223372036854775808", "18446744073709551616"] {
+            assert_eq!(parse_i64(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn acquire_accepts_the_documented_forms() {
+        assert_eq!(acq(&["me", "1000"]), Ok((b"me".to_vec(), 1000, None)));
+        assert_eq!(acq(&["me", "1", "WAIT", "0"]), Ok((b"me".to_vec(), 1, Some(0))));
+        assert_eq!(acq(&["me", "1", "wait", "250"]), Ok((b"me".to_vec(), 1, Some(250))));
+        assert_eq!(acq(&["me", "140737488355328"]).map(|r| r.1), Ok(MAX_DURATION));
+    }
+
+    #[test]
+    fn acquire_rejects_bad_ttl_owner_and_options() {
+        assert_eq!(acq(&["me", "0"]), Err(ArgError::TtlRange));
+        assert_eq!(acq(&["me", "-1"]), Err(ArgError::TtlRange));
+        assert_eq!(acq(&["me", "140737488355329"]), Err(ArgError::TtlRange));
+        assert_eq!(acq(&["me", "abc"]), Err(ArgError::TtlNotInteger));
+        assert_eq!(acq(&["me", "18446744073709551616"]), Err(ArgError::TtlNotInteger));
+        assert_eq!(acq(&["", "10"]), Err(ArgError::Owner));
+        let long = "x".repeat(1025);
+        assert_eq!(acq(&[&long, "10"]), Err(ArgError::Owner));
+        let max = "x".repeat(1024);
+        assert!(acq(&[&max, "10"]).is_ok());
+        assert_eq!(acq(&["me", "10", "WAIT"]), Err(ArgError::Syntax));
+        assert_eq!(acq(&["me", "10", "WAIT", "-1"]), Err(ArgError::TimeoutRange));
+        assert_eq!(acq(&["me", "10", "WAIT", "x"]), Err(ArgError::TimeoutNotInteger));
+        assert_eq!(acq(&["me", "10", "WAIT", "1", "WAIT", "1"]), Err(ArgError::Syntax));
+        assert_eq!(acq(&["me", "10", "NOWAIT", "1"]), Err(ArgError::UnknownOption));
+        assert_eq!(acq(&["me", "10", "FOO"]), Err(ArgError::UnknownOption));
+        assert_eq!(acq(&["me"]), Err(ArgError::Arity));
+    }
+
+    #[test]
+    fn release_and_extend_forms() {
+        assert_eq!(release(&[b"me"]), Ok((&b"me"[..], false)));
+        assert_eq!(release(&[b"me", b"all"]), Ok((&b"me"[..], true)));
+        assert_eq!(release(&[b"me", b"some"]), Err(ArgError::UnknownOption));
+        assert_eq!(release(&[b"me", b"ALL", b"x"]), Err(ArgError::Syntax));
+        assert_eq!(release(&[b""]), Err(ArgError::Owner));
+        assert_eq!(extend(&[b"me", b"5"]), Ok((&b"me"[..], 5)));
+        assert_eq!(extend(&[b"me", b"0"]), Err(ArgError::TtlRange));
+        assert_eq!(extend(&[b"me"]), Err(ArgError::Arity));
+    }
+}

@@ -1,0 +1,90 @@
+//! Expiry timers: holders are dropped when their time passes, with no client action.
+//!
+//! Each lock value has at most one live timer, armed for its earliest holder expiry. A later
+//! deadline (EXTEND, a re-entry) leaves the armed timer alone: it fires early, finds nothing
+//! due and re-arms, which is cheaper than stopping and recreating a timer on every extend.
+//! Timers are not persisted or replicated; a loaded or moved value is re-armed when its key
+//! is settled. Replicas never arm timers: the master sends them the expiry.
+
+use std::time::Duration;
+
+use redis_module::{Context, ContextFlags, RedisModuleTimerID};
+
+use crate::datatype::LockValue;
+use crate::ffi;
+use crate::keys::LockKey;
+use crate::lock::Millis;
+
+/// The timer a value has armed, and where it will look for the value.
+#[derive(Debug)]
+pub struct ArmedTimer {
+    id: RedisModuleTimerID,
+    at: Millis,
+    db: i32,
+    key: Box<[u8]>,
+}
+
+/// What a timer carries: the key to look at.
+struct Target {
+    db: i32,
+    key: Box<[u8]>,
+    at: Millis,
+}
+
+/// Makes sure `value`, stored at (`db`, `key`), has a timer for its earliest expiry.
+pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        return;
+    }
+    let Some(due) = value.lock.next_expiry() else {
+        stop(ctx, value);
+        return;
+    };
+    if let Some(t) = &value.timer {
+        if t.at <= due && t.db == db && *t.key == *key {
+            return;
+        }
+    }
+    stop(ctx, value);
+    let delay = due.saturating_sub(ffi::now_ms());
+    let target = Target {
+        db,
+        key: key.into(),
+        at: due,
+    };
+    let id = ctx.create_timer(Duration::from_millis(delay), fire, target);
+    value.timer = Some(ArmedTimer {
+        id,
+        at: due,
+        db,
+        key: key.into(),
+    });
+}
+
+fn stop(ctx: &Context, value: &mut LockValue) {
+    if let Some(t) = value.timer.take() {
+        // The timer may already have fired (it is then gone); either way it is ours no more.
+        let _ = ctx.stop_timer::<Target>(t.id);
+    }
+}
+
+/// Timer callback: runs on the main thread with a context of its own.
+fn fire(ctx: &Context, target: Target) {
+    crate::guard::guard_silent("expiry timer", || {
+        if !ffi::select_db(ctx, target.db) {
+            return;
+        }
+        let mut key = LockKey::open(ctx, &target.key);
+        let Ok(Some(value)) = key.existing() else {
+            return;
+        };
+        // Only the value's own live timer may act; a stale one (the value was replaced, or
+        // re-armed earlier) does nothing.
+        match &value.timer {
+            Some(t) if t.at == target.at && t.db == target.db && *t.key == *target.key => {}
+            _ => return,
+        }
+        value.timer = None;
+        key.apply(|lock, step| lock.settle(step));
+    });
+}

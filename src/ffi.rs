@@ -1,0 +1,585 @@
+//! Every raw call into the Redis module API that the safe `redis-module` crate does not wrap,
+//! and every `extern "C"` callback Redis calls into this module.
+//!
+//! Each callback does one thing: enter [`guard`] and call safe code elsewhere. A panic that
+//! escaped a callback would abort redis-server, so none may escape.
+
+use std::ffi::{c_int, c_void, CString};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use redis_module::{raw, Context, RedisString};
+
+use crate::guard::guard;
+
+/// Current Unix time in ms, as Redis's own `mstime()` (the clock key expiry uses).
+pub fn now_ms() -> u64 {
+    // SAFETY: RedisModule_Milliseconds takes no arguments and only reads the clock.
+    let ms = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
+    u64::try_from(ms).unwrap_or(0)
+}
+
+/// The database the context works on.
+pub fn selected_db(ctx: &Context) -> i32 {
+    // SAFETY: ctx.ctx is the live context Redis handed to the current callback.
+    unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// Switches the context to database `db`. False if the index does not exist.
+pub fn select_db(ctx: &Context, db: i32) -> bool {
+    // SAFETY: as above; Redis validates the index and answers ERR when out of range.
+    unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, db)) == 0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+/// What an opened key holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    Empty,
+    Lock,
+    Other,
+}
+
+/// A key opened for writing through the raw API, closed on drop. Gives absolute expiry and
+/// direct access to this module's value, which the crate's key wrapper does not.
+pub struct RawKey {
+    key: *mut raw::RedisModuleKey,
+    lock_type: *mut raw::RedisModuleType,
+}
+
+impl RawKey {
+    pub fn open(ctx: &Context, name: &RedisString, lock_type: *mut raw::RedisModuleType, write: bool) -> Self {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        } as c_int;
+        // SAFETY: ctx and name are live for this call; OpenKey returns a handle (NULL for a
+        // missing key in read mode, which `kind` treats as empty) that we close once in Drop.
+        let key = unsafe {
+            raw::RedisModule_OpenKey.map_or(ptr::null_mut(), |f| f(ctx.ctx, name.inner, mode))
+                as *mut raw::RedisModuleKey
+        };
+        RawKey { key, lock_type }
+    }
+
+    pub fn kind(&self) -> KeyKind {
+        if self.key.is_null() {
+            return KeyKind::Empty;
+        }
+        // SAFETY: self.key is an open key handle.
+        let t = unsafe { raw::RedisModule_KeyType.map_or(-1, |f| f(self.key)) } as isize;
+        if t == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return KeyKind::Empty;
+        }
+        // SAFETY: as above; GetType returns NULL for keys that are not module types.
+        let mt = unsafe { raw::RedisModule_ModuleTypeGetType.map_or(ptr::null_mut(), |f| f(self.key)) };
+        if t == raw::REDISMODULE_KEYTYPE_MODULE && mt == self.lock_type {
+            KeyKind::Lock
+        } else {
+            KeyKind::Other
+        }
+    }
+
+    /// This module's value stored in the key, if the key holds one.
+    pub fn value<T>(&mut self) -> Option<&mut T> {
+        if self.kind() != KeyKind::Lock {
+            return None;
+        }
+        // SAFETY: the key holds a value of our type, which we created as a Box<T> in
+        // `set_value`; it stays valid while the key is open and we hand out one &mut at a time
+        // (the borrow is tied to &mut self).
+        unsafe {
+            let v = raw::RedisModule_ModuleTypeGetValue.map_or(ptr::null_mut(), |f| f(self.key)) as *mut T;
+            v.as_mut()
+        }
+    }
+
+    /// Stores `value` in the (empty) key. Redis owns it from now on and frees it through the
+    /// type's free callback.
+    pub fn set_value<T>(&mut self, value: Box<T>) -> bool {
+        let p = Box::into_raw(value) as *mut c_void;
+        // SAFETY: the key is open for writing; on success Redis takes ownership of p.
+        let ok = unsafe {
+            raw::RedisModule_ModuleTypeSetValue.map_or(1, |f| f(self.key, self.lock_type, p))
+        } == 0;
+        if !ok {
+            // SAFETY: Redis refused the pointer, so it is still ours to free.
+            drop(unsafe { Box::from_raw(p as *mut T) });
+        }
+        ok
+    }
+
+    /// Deletes the key (its value is freed through the free callback).
+    pub fn delete(&mut self) {
+        // SAFETY: the key is open for writing.
+        unsafe {
+            if let Some(f) = raw::RedisModule_DeleteKey {
+                f(self.key);
+            }
+        }
+    }
+
+    /// Sets the key's absolute expiry, in Unix ms.
+    pub fn set_abs_expire(&mut self, at: u64) {
+        let at = i64::try_from(at).unwrap_or(i64::MAX);
+        // SAFETY: the key is open for writing and not empty (callers set it after a value).
+        unsafe {
+            if let Some(f) = raw::RedisModule_SetAbsExpire {
+                f(self.key, at);
+            }
+        }
+    }
+}
+
+impl Drop for RawKey {
+    fn drop(&mut self) {
+        if !self.key.is_null() {
+            // SAFETY: the handle came from OpenKey and is closed only here.
+            unsafe {
+                if let Some(f) = raw::RedisModule_CloseKey {
+                    f(self.key);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocked clients
+
+/// A blocked client handle. Valid from `block_client` until Redis processes our
+/// `unblock_client` call for it; the blocking registry calls `unblock_client` exactly once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockedClient(pub usize);
+
+/// Blocks the client running the current command. `timeout_ms` 0 means no time limit.
+pub fn block_client(ctx: &Context, timeout_ms: u64) -> Option<BlockedClient> {
+    let timeout = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
+    // SAFETY: called from a command callback with its live ctx; no private data (so no free
+    // callback); the callbacks are the guarded functions below.
+    let bc = unsafe {
+        raw::RedisModule_BlockClient?(ctx.ctx, Some(on_blocked_reply), Some(on_blocked_timeout), None, timeout)
+    };
+    if bc.is_null() {
+        return None;
+    }
+    // SAFETY: bc was just returned by BlockClient and is live.
+    unsafe {
+        if let Some(f) = raw::RedisModule_SetDisconnectCallback {
+            f(bc, Some(on_blocked_disconnect));
+        }
+    }
+    Some(BlockedClient(bc as usize))
+}
+
+/// Tells Redis the blocked client is done: its reply callback runs shortly (if the client is
+/// still connected) and Redis frees the handle. Must be called exactly once per handle.
+pub fn unblock_client(bc: BlockedClient) {
+    // SAFETY: the registry guarantees bc is a live handle not yet unblocked.
+    unsafe {
+        if let Some(f) = raw::RedisModule_UnblockClient {
+            f(bc.0 as *mut raw::RedisModuleBlockedClient, ptr::null_mut());
+        }
+    }
+}
+
+fn blocked_handle(ctx: *mut raw::RedisModuleCtx) -> BlockedClient {
+    // SAFETY: only called from reply/timeout callbacks, whose ctx carries the handle.
+    let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.map_or(ptr::null_mut(), |f| f(ctx)) };
+    BlockedClient(bc as usize)
+}
+
+/// Called by Redis (main thread) for a blocked client after `unblock_client`, if it is still
+/// connected: sends the reply decided when it was unblocked.
+extern "C" fn on_blocked_reply(ctx: *mut raw::RedisModuleCtx, _argv: *mut *mut raw::RedisModuleString, _argc: c_int) -> c_int {
+    let context = Context::new(ctx);
+    let reply = guard("blocked reply", || crate::blocking::on_reply(blocked_handle(ctx)));
+    context.reply(reply) as c_int
+}
+
+/// Called by Redis when a blocked client's WAIT timeout passes (or CLIENT UNBLOCK): the
+/// waiter leaves the queue and gets nil. Not called once we have unblocked the client.
+extern "C" fn on_blocked_timeout(ctx: *mut raw::RedisModuleCtx, _argv: *mut *mut raw::RedisModuleString, _argc: c_int) -> c_int {
+    let context = Context::new(ctx);
+    let bc = blocked_handle(ctx);
+    let reply = guard("blocked timeout", || {
+        crate::blocking::on_timeout(&context, bc);
+        Ok(redis_module::RedisValue::Null)
+    });
+    context.reply(reply) as c_int
+}
+
+/// Called by Redis when a blocked client's connection closes before its reply was sent
+/// (queued, or granted but not yet answered). The client context is going away; Redis frees
+/// the handle after we unblock it.
+extern "C" fn on_blocked_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisModuleBlockedClient) {
+    let context = Context::new(ctx);
+    let _ = guard("blocked disconnect", || {
+        crate::blocking::on_disconnect(&context, BlockedClient(bc as usize));
+        Ok(redis_module::RedisValue::Null)
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timers and the module's own context
+
+static DETACHED_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(ptr::null_mut());
+
+/// Creates the module's long-lived context (at load). It is used from the main thread only,
+/// for calls that need a context where Redis gives none (creating a timer from inside a
+/// data-type callback); it never takes the GIL.
+pub fn init_detached_context(ctx: &Context) {
+    // SAFETY: called once from OnLoad with its live ctx; the returned context lives until the
+    // process exits.
+    let d = unsafe { raw::RedisModule_GetDetachedThreadSafeContext.map_or(ptr::null_mut(), |f| f(ctx.ctx)) };
+    DETACHED_CTX.store(d, Ordering::Relaxed);
+}
+
+/// The module's long-lived context, for timer creation outside any callback context.
+pub fn detached_context() -> Option<Context> {
+    let p = DETACHED_CTX.load(Ordering::Relaxed);
+    (!p.is_null()).then(|| Context::new(p))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Command metadata
+
+/// How a command's single key is used, for COMMAND INFO, ACL and cluster routing.
+pub enum KeyAccess {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// Declares `name`'s arity and its one key (argument 1) through RedisModule_SetCommandInfo,
+/// which Redis 7.0 has even though the crate's proc macro needs 7.2.
+pub fn set_command_info(ctx: &Context, name: &str, arity: i32, access: KeyAccess) -> Result<(), String> {
+    let cname = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: ctx is OnLoad's; GetCommand returns NULL for an unknown name, checked below.
+    let command = unsafe { raw::RedisModule_GetCommand.map_or(ptr::null_mut(), |f| f(ctx.ctx, cname.as_ptr())) };
+    if command.is_null() {
+        return Err(format!("command {name} not found"));
+    }
+    let flags = match access {
+        KeyAccess::ReadOnly => raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+        // INSERT, UPDATE and DELETE are exclusive in Redis; a lock command may do any of the
+        // three, which is what UPDATE (the general one) says.
+        KeyAccess::ReadWrite => {
+            raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE
+        }
+    };
+    // A zeroed spec is the array terminator Redis looks for.
+    // SAFETY: RedisModuleCommandKeySpec is plain C data for which all-zero is valid.
+    let mut specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe { std::mem::zeroed() };
+    specs[0].flags = u64::from(flags);
+    specs[0].begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    specs[0].bs.index = raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 };
+    specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    specs[0].fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+        lastkey: 0,
+        keystep: 1,
+        limit: 0,
+    };
+    let version = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    let mut info = raw::RedisModuleCommandInfo {
+        version: &version,
+        summary: ptr::null(),
+        complexity: ptr::null(),
+        since: ptr::null(),
+        history: ptr::null_mut(),
+        tips: ptr::null(),
+        arity,
+        key_specs: specs.as_mut_ptr(),
+        args: ptr::null_mut(),
+    };
+    // SAFETY: command is live; info and everything it points to outlive the call, and Redis
+    // copies what it keeps.
+    let rc = unsafe { raw::RedisModule_SetCommandInfo.map_or(1, |f| f(command, &mut info)) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("SetCommandInfo failed for {name}"))
+    }
+}
+
+/// Writes a warning to the Redis log (for failures that have no client to tell).
+pub fn log_warning(message: &str) {
+    if let Some(ctx) = detached_context() {
+        ctx.log_warning(message);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data-type callbacks. Redis calls these on the main thread (rdb_save and aux_save also in a
+// fork child during BGSAVE). Values are `Box<LockValue>` created by `RawKey::set_value` or by
+// `type_rdb_load` / `type_copy`, and freed only by `type_free`.
+
+fn string_bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+    if s.is_null() {
+        return &[];
+    }
+    let mut len: usize = 0;
+    // SAFETY: s is a live RedisModuleString for the duration of the callback that received
+    // it; StringPtrLen returns its buffer and length.
+    unsafe {
+        let p = raw::RedisModule_StringPtrLen.map_or(ptr::null(), |f| f(s as *mut _, &mut len));
+        if p.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(p as *const u8, len)
+        }
+    }
+}
+
+/// RDB load (startup, DEBUG RELOAD, RESTORE, full sync): returns a new value or NULL, which
+/// fails the load.
+pub extern "C" fn type_rdb_load(io: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    let mut out: *mut c_void = ptr::null_mut();
+    crate::guard::guard_silent("rdb load", || {
+        if let Some(value) = crate::datatype::load(io, encver) {
+            // SAFETY: io is the live loading handle; both calls only read from it.
+            let (db, key) = unsafe {
+                let key = raw::RedisModule_GetKeyNameFromIO.map_or(ptr::null(), |f| f(io));
+                let db = raw::RedisModule_GetDbIdFromIO.map_or(0, |f| f(io));
+                (db, string_bytes(key))
+            };
+            // A loaded value has no timer yet: settle the key once loading is done.
+            crate::reconcile::mark_dirty(db, key);
+            out = Box::into_raw(Box::new(value)) as *mut c_void;
+        }
+    });
+    out
+}
+
+/// RDB save of one value (SAVE, BGSAVE in a child, replication full sync, DUMP).
+pub extern "C" fn type_rdb_save(io: *mut raw::RedisModuleIO, value: *mut c_void) {
+    crate::guard::guard_silent("rdb save", || {
+        // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
+        if let Some(v) = unsafe { (value as *const crate::datatype::LockValue).as_ref() } {
+            crate::datatype::save(io, v);
+        }
+    });
+}
+
+/// AOF rewrite of one value: emits the commands that rebuild it.
+pub extern "C" fn type_aof_rewrite(io: *mut raw::RedisModuleIO, key: *mut raw::RedisModuleString, value: *mut c_void) {
+    crate::guard::guard_silent("aof rewrite", || {
+        // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
+        if let Some(v) = unsafe { (value as *const crate::datatype::LockValue).as_ref() } {
+            crate::replication::rewrite(io, string_bytes(key), v);
+        }
+    });
+}
+
+/// MEMORY USAGE of one value.
+pub extern "C" fn type_mem_usage(value: *const c_void) -> usize {
+    // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
+    unsafe { (value as *const crate::datatype::LockValue).as_ref() }.map_or(0, |v| v.memory())
+}
+
+/// Frees a value Redis drops (DEL, overwrite, FLUSH*, expiry, shutdown).
+pub extern "C" fn type_free(value: *mut c_void) {
+    crate::guard::guard_silent("free", || {
+        // SAFETY: Redis hands each of our values to free exactly once.
+        unsafe { crate::datatype::free(value) }
+    });
+}
+
+/// Called when a lock key leaves the keyspace (DEL, UNLINK, expiry, overwrite, RENAME/MOVE
+/// source) just before it is freed or moved: the waiters are taken out so they can be served
+/// again under the key's name.
+pub extern "C" fn type_unlink(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
+    crate::guard::guard_silent("unlink", || {
+        // SAFETY: ctx is the live option context of this callback; value is one of our
+        // Box<LockValue> pointers. Redis passes it as const, but the value is ours and nothing
+        // else reads it during the call.
+        let (db, key, v) = unsafe {
+            let db = raw::RedisModule_GetDbIdFromOptCtx.map_or(0, |f| f(ctx));
+            let key = raw::RedisModule_GetKeyNameFromOptCtx.map_or(ptr::null(), |f| f(ctx));
+            (db, string_bytes(key), (value as *mut crate::datatype::LockValue).as_mut())
+        };
+        if let Some(v) = v {
+            crate::reconcile::on_unlink(db, key, v);
+        }
+    });
+}
+
+/// COPY: a new value with the same holders.
+pub extern "C" fn type_copy(_ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) -> *mut c_void {
+    let mut out: *mut c_void = ptr::null_mut();
+    crate::guard::guard_silent("copy", || {
+        // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
+        if let Some(v) = unsafe { (value as *const crate::datatype::LockValue).as_ref() } {
+            out = Box::into_raw(Box::new(crate::datatype::copy(v))) as *mut c_void;
+        }
+    });
+    out
+}
+
+/// Saves the module-wide fencing counter before the keys.
+pub extern "C" fn type_aux_save(io: *mut raw::RedisModuleIO, when: c_int) {
+    crate::guard::guard_silent("aux save", || {
+        if when == raw::Aux::Before as c_int {
+            raw::save_unsigned(io, crate::stats::last_token());
+        }
+    });
+}
+
+/// Loads the module-wide fencing counter. Returns 0 on success, 1 to fail the load.
+pub extern "C" fn type_aux_load(io: *mut raw::RedisModuleIO, _encver: c_int, when: c_int) -> c_int {
+    let mut rc = 1;
+    crate::guard::guard_silent("aux load", || {
+        if when != raw::Aux::Before as c_int {
+            rc = 0;
+            return;
+        }
+        if let Ok(last) = raw::load_unsigned(io) {
+            crate::stats::with_fences(|f| f.observe(last));
+            rc = 0;
+        }
+    });
+    rc
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keyspace and server events
+
+/// Keyspace notifications (generic class): a lock value that arrives under a new name (RENAME,
+/// MOVE, COPY, RESTORE) needs its timer re-armed there.
+pub extern "C" fn on_keyspace_event(
+    ctx: *mut raw::RedisModuleCtx,
+    _type: c_int,
+    event: *const std::ffi::c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    crate::guard::guard_silent("keyspace event", || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: Redis passes a NUL-terminated event name that lives during the call.
+        let name = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
+        if matches!(name, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
+            let context = Context::new(ctx);
+            crate::reconcile::mark_dirty(selected_db(&context), string_bytes(key));
+        }
+    });
+    0
+}
+
+#[repr(C)]
+struct FlushInfo {
+    version: u64,
+    sync: i32,
+    dbnum: i32,
+}
+
+#[repr(C)]
+struct SwapDbInfo {
+    version: u64,
+    first: i32,
+    second: i32,
+}
+
+/// FLUSHDB / FLUSHALL (and the flush inside DEBUG RELOAD or a full sync): values are freed
+/// without unlink, so waiters of the flushed databases must be served again.
+pub extern "C" fn on_flush_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::RedisModuleEvent, sub: u64, data: *mut c_void) {
+    crate::guard::guard_silent("flush event", || {
+        if sub != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
+            return;
+        }
+        // SAFETY: for the FlushDB event Redis passes a RedisModuleFlushInfoV1.
+        let db = unsafe { (data as *const FlushInfo).as_ref() }.map_or(-1, |i| i.dbnum);
+        crate::reconcile::on_flush(db);
+    });
+}
+
+/// SWAPDB: whole databases change index under the waiters and timers.
+pub extern "C" fn on_swapdb_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::RedisModuleEvent, _sub: u64, data: *mut c_void) {
+    crate::guard::guard_silent("swapdb event", || {
+        // SAFETY: for the SwapDB event Redis passes a RedisModuleSwapDbInfoV1.
+        if let Some(i) = unsafe { (data as *const SwapDbInfo).as_ref() } {
+            crate::reconcile::on_swapdb(i.first, i.second);
+        }
+    });
+}
+
+/// End of RDB/AOF loading: settle the keys loaded (timers, expiry).
+pub extern "C" fn on_loading_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::RedisModuleEvent, sub: u64, _data: *mut c_void) {
+    crate::guard::guard_silent("loading event", || {
+        if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
+            crate::reconcile::schedule();
+        }
+    });
+}
+
+/// Subscribes to the events above. Called once from OnLoad.
+pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
+    type Callback = unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
+    let events: [(u64, Callback); 3] = [
+        (raw::REDISMODULE_EVENT_FLUSHDB, on_flush_event),
+        (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb_event),
+        (raw::REDISMODULE_EVENT_LOADING, on_loading_event),
+    ];
+    for (id, cb) in events {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: ctx is OnLoad's; the callbacks are 'static functions.
+        let rc = unsafe { raw::RedisModule_SubscribeToServerEvent.map_or(1, |f| f(ctx.ctx, event, Some(cb))) };
+        if rc != 0 {
+            return Err(format!("cannot subscribe to server event {id}"));
+        }
+    }
+    // SAFETY: as above.
+    let rc = unsafe {
+        raw::RedisModule_SubscribeToKeyspaceEvents
+            .map_or(1, |f| f(ctx.ctx, raw::REDISMODULE_NOTIFY_GENERIC, Some(on_keyspace_event)))
+    };
+    if rc != 0 {
+        return Err("cannot subscribe to keyspace events".into());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// INFO
+
+/// `INFO lock` (and `INFO all` / `INFO everything`): Redis calls this with an info context.
+/// A NULL section name gives the module's default section, `# lock`; Redis prefixes every
+/// field with the module name, so `locks_held` is shown as `lock_locks_held`.
+pub extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    crate::guard::guard_silent("info", || {
+        // SAFETY: ctx is the live info context; field names are NUL-terminated and outlive
+        // the calls.
+        unsafe {
+            let (Some(add_section), Some(add_field)) =
+                (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong)
+            else {
+                return;
+            };
+            if add_section(ctx, ptr::null_mut()) != 0 {
+                return;
+            }
+            for (name, value) in crate::stats::snapshot() {
+                if let Ok(field) = CString::new(name) {
+                    add_field(ctx, field.as_ptr(), value);
+                }
+            }
+        }
+    });
+}
+
+/// Registers `on_info` as the module's INFO callback (replacing the crate's default one).
+pub fn register_info(ctx: &Context) {
+    // SAFETY: ctx is OnLoad's; on_info is a 'static function.
+    unsafe {
+        if let Some(f) = raw::RedisModule_RegisterInfoFunc {
+            f(ctx.ctx, Some(on_info));
+        }
+    }
+}

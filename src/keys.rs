@@ -1,0 +1,121 @@
+//! Opening a lock key and committing what an operation did to it.
+//!
+//! Every path that changes a lock (a command, the expiry timer, a waiter's timeout or
+//! disconnect, the rescue of waiters after a delete) ends in [`LockKey::commit`], so the
+//! follow-up work is the same everywhere: hand granted waiters their replies, count and notify,
+//! delete the key when the lock is empty, otherwise set the key's Redis expiry to the last
+//! holder's and arm the timer for the first.
+
+use redis_module::{Context, NotifyEvent, RedisError, RedisString};
+
+use crate::datatype::{lock_type, LockValue};
+use crate::ffi::{KeyKind, RawKey};
+use crate::lock::{Event, Lock, Millis, Step};
+use crate::{blocking, expiry, ffi, stats};
+
+pub struct LockKey<'a> {
+    ctx: &'a Context,
+    name: RedisString,
+    db: i32,
+    raw: RawKey,
+}
+
+impl<'a> LockKey<'a> {
+    /// Opens `name` for writing in the context's selected database.
+    pub fn open(ctx: &'a Context, name: &[u8]) -> Self {
+        Self::open_mode(ctx, name, true)
+    }
+
+    /// Opens `name` for reading only (LOCK.INFO, which also runs on replicas).
+    pub fn open_read(ctx: &'a Context, name: &[u8]) -> Self {
+        Self::open_mode(ctx, name, false)
+    }
+
+    fn open_mode(ctx: &'a Context, name: &[u8], write: bool) -> Self {
+        let name = ctx.create_string(name);
+        let raw = RawKey::open(ctx, &name, lock_type(), write);
+        LockKey {
+            ctx,
+            db: ffi::selected_db(ctx),
+            name,
+            raw,
+        }
+    }
+
+    pub fn kind(&self) -> KeyKind {
+        self.raw.kind()
+    }
+
+    /// The lock stored in the key; `None` when the key does not exist; WRONGTYPE when it holds
+    /// something else.
+    pub fn existing(&mut self) -> Result<Option<&mut LockValue>, RedisError> {
+        match self.raw.kind() {
+            KeyKind::Empty => Ok(None),
+            KeyKind::Lock => Ok(self.raw.value::<LockValue>()),
+            KeyKind::Other => Err(RedisError::WrongType),
+        }
+    }
+
+    /// The lock stored in the key, creating a free one if the key does not exist.
+    pub fn existing_or_new(&mut self) -> Result<&mut LockValue, RedisError> {
+        if self.raw.kind() == KeyKind::Empty && !self.raw.set_value(Box::new(LockValue::new(Lock::new()))) {
+            return Err(RedisError::Str("ERR could not create the lock key"));
+        }
+        self.existing()?
+            .ok_or(RedisError::Str("ERR could not create the lock key"))
+    }
+
+    /// Runs `op` on the lock with a fresh [`Step`] (the current time and the module's fencing
+    /// counter), then commits. Returns `op`'s result, or `None` if the key holds no lock.
+    pub fn apply<R>(&mut self, op: impl FnOnce(&mut Lock, &mut Step<'_>) -> R) -> Option<R> {
+        let now = ffi::now_ms();
+        let mut events = Vec::new();
+        let value = self.raw.value::<LockValue>()?;
+        let r = stats::with_fences(|fences| {
+            let mut step = Step {
+                now,
+                fences,
+                events: &mut events,
+            };
+            op(&mut value.lock, &mut step)
+        });
+        self.commit(events);
+        Some(r)
+    }
+
+    /// Sends a keyspace notification of the module class for this key.
+    pub fn notify(&self, event: &str) {
+        self.ctx.notify_keyspace_event(NotifyEvent::MODULE, event, &self.name);
+    }
+
+    /// Finishes an operation: serves granted waiters, counts and notifies what happened, then
+    /// deletes the key if the lock is empty or updates its expiry and timer.
+    pub fn commit(&mut self, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::Granted { waiter, token, .. } => {
+                    blocking::deliver_grant(waiter, token);
+                    stats::count_grant();
+                    self.notify("lock.acquire");
+                }
+                Event::Expired { .. } => {
+                    stats::count_expirations(1);
+                    self.notify("lock.expire");
+                }
+            }
+        }
+        let Some(value) = self.raw.value::<LockValue>() else {
+            return;
+        };
+        if value.lock.is_empty() {
+            self.raw.delete();
+            return;
+        }
+        value.sync_gauges();
+        let last: Option<Millis> = value.lock.last_expiry();
+        expiry::arm(self.ctx, self.db, self.name.as_slice(), value);
+        if let Some(at) = last {
+            self.raw.set_abs_expire(at);
+        }
+    }
+}

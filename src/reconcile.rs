@@ -1,0 +1,160 @@
+//! Serving waiters again after Redis moved or removed their key behind the module's back.
+//!
+//! DEL, UNLINK, expiry, overwrite, RENAME, MOVE, FLUSH*, SWAPDB and loading all change what a
+//! key holds without going through a lock command. The data-type and event callbacks that see
+//! this may not write to the keyspace themselves, so they only mark the key dirty here; the
+//! dirty keys are settled from a zero-delay timer on the next turn of the event loop, and,
+//! before that, by any lock command on the same key (so a newcomer never overtakes waiters
+//! whose key was just deleted).
+//!
+//! Settling a key: waiters that the registry says are queued on it but that its value does not
+//! list (the value was deleted or moved) rejoin in their arrival places, on a fresh lock if the
+//! key is now empty; queue entries that belong elsewhere are dropped; if the key now holds
+//! another type, its waiters get WRONGTYPE. Then the timer and expiry are brought up to date.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use redis_module::Context;
+
+use crate::datatype::LockValue;
+use crate::ffi::{self, KeyKind};
+use crate::keys::LockKey;
+use crate::lock::Lock;
+use crate::{blocking, stats};
+
+type DbKey = (i32, Box<[u8]>);
+
+thread_local! {
+    static DIRTY: RefCell<BTreeSet<DbKey>> = const { RefCell::new(BTreeSet::new()) };
+    /// Keys that Redis removed because their last holder's expiry passed before our timer
+    /// fired: the expiry is counted and notified when the key is settled.
+    static EXPIRED: RefCell<Vec<(DbKey, u64)>> = const { RefCell::new(Vec::new()) };
+    static SCHEDULED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
+pub fn mark_dirty(db: i32, key: &[u8]) {
+    DIRTY.with(|d| d.borrow_mut().insert((db, key.into())));
+    schedule();
+}
+
+/// Schedules a settle pass on the next turn of the event loop (once).
+pub fn schedule() {
+    if SCHEDULED.with(|s| s.replace(true)) {
+        return;
+    }
+    match ffi::detached_context() {
+        Some(ctx) => {
+            ctx.create_timer(Duration::ZERO, run_timer, ());
+        }
+        None => SCHEDULED.with(|s| s.set(false)),
+    }
+}
+
+/// A lock value is leaving its key. Its waiters are taken out (they wait on the key name, and
+/// the registry remembers them); if every holder had expired, this is that expiry.
+pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
+    let had_waiters = !value.lock.queue().is_empty();
+    drop(value.lock.take_waiters());
+    let holders = value.lock.holders().len() as u64;
+    let all_expired = value.lock.last_expiry().is_some_and(|t| t <= ffi::now_ms());
+    if holders > 0 && all_expired {
+        EXPIRED.with(|e| e.borrow_mut().push(((db, key.into()), holders)));
+    }
+    value.sync_gauges();
+    if had_waiters || (holders > 0 && all_expired) {
+        mark_dirty(db, key);
+    }
+}
+
+/// FLUSHDB (`db`) or FLUSHALL (-1): every waited-on key there is settled.
+pub fn on_flush(db: i32) {
+    let dbs: Vec<i32> = if db < 0 { Vec::new() } else { vec![db] };
+    for (db, key) in blocking::waited_keys(&dbs) {
+        mark_dirty(db, &key);
+    }
+}
+
+/// SWAPDB a b: waited-on keys of either database are settled in both.
+pub fn on_swapdb(a: i32, b: i32) {
+    for (_, key) in blocking::waited_keys(&[a, b]) {
+        mark_dirty(a, &key);
+        mark_dirty(b, &key);
+    }
+}
+
+fn run_timer(ctx: &Context, _: ()) {
+    crate::guard::guard_silent("settle timer", || {
+        SCHEDULED.with(|s| s.set(false));
+        run_all(ctx);
+    });
+}
+
+/// Settles every dirty key.
+pub fn run_all(ctx: &Context) {
+    let dirty = DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    let original_db = ffi::selected_db(ctx);
+    for (db, key) in dirty {
+        if ffi::select_db(ctx, db) {
+            settle(ctx, db, &key);
+        }
+    }
+    ffi::select_db(ctx, original_db);
+}
+
+/// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.
+pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
+    let was_dirty = DIRTY.with(|d| {
+        let mut d = d.borrow_mut();
+        !d.is_empty() && d.remove(&(db, Box::<[u8]>::from(key)))
+    });
+    if was_dirty {
+        settle(ctx, db, key);
+    }
+}
+
+fn settle(ctx: &Context, db: i32, key: &[u8]) {
+    let mut lock_key = LockKey::open(ctx, key);
+    let expired = EXPIRED.with(|e| {
+        let mut e = e.borrow_mut();
+        let mut n = 0;
+        e.retain(|((d, k), count)| {
+            let this = *d == db && **k == *key;
+            if this {
+                n += count;
+            }
+            !this
+        });
+        n
+    });
+    if expired > 0 {
+        stats::count_expirations(expired);
+        for _ in 0..expired {
+            lock_key.notify("lock.expire");
+        }
+    }
+    let waiting = blocking::queued_at(db, key);
+    match lock_key.kind() {
+        KeyKind::Other => {
+            for (id, _) in waiting {
+                blocking::refuse_wrong_type(id);
+            }
+        }
+        KeyKind::Empty if waiting.is_empty() => {}
+        KeyKind::Empty | KeyKind::Lock => {
+            if lock_key.existing_or_new().is_err() {
+                return;
+            }
+            lock_key.apply(|lock: &mut Lock, step| {
+                lock.retain_waiters(|id| blocking::is_queued_at(id, db, key));
+                let missing = waiting
+                    .into_iter()
+                    .filter(|(id, _)| !lock.queue().contains(*id))
+                    .collect();
+                lock.requeue(missing, step);
+            });
+        }
+    }
+}

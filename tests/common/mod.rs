@@ -1,0 +1,239 @@
+//! Test harness: a real redis-server with the module loaded, on a free loopback port, killed
+//! when the handle drops. No mocks.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use redis::{Connection, Value};
+
+/// Generous bound for "eventually" conditions on a shared 2-core machine.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+pub fn module_path() -> PathBuf {
+    if let Ok(p) = std::env::var("REDIS_LOCK_MODULE") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    root.join("target/debug/libredis_lock.so")
+}
+
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+impl Server {
+    /// Starts a server with the module and no persistence.
+    pub fn start() -> Server {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `--name value` arguments.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let module = module_path();
+        assert!(
+            module.exists(),
+            "module not built at {} (run `make test`, or `cargo build --features test-hooks`)",
+            module.display()
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "redis-lock-test-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for _attempt in 0..5 {
+            let port = free_port();
+            let mut cmd = Command::new("redis-server");
+            cmd.arg("--port")
+                .arg(port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .arg("--loadmodule")
+                .arg(&module)
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = cmd.spawn().expect("cannot start redis-server (is it installed? `make test` installs it)");
+            let deadline = Instant::now() + PATIENCE;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // exited: port taken or bad args; try another port
+                }
+                if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
+                    if let Ok(mut c) = client.get_connection() {
+                        if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                            return Server { child, port, dir };
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server did not start");
+    }
+
+    pub fn client(&self) -> Connection {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("client");
+        let mut c = client.get_connection().expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        c
+    }
+
+    /// Is the process still running?
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs a command given as words.
+pub fn cmd(words: &[&str]) -> redis::Cmd {
+    let mut c = redis::cmd(words[0]);
+    for w in &words[1..] {
+        c.arg(*w);
+    }
+    c
+}
+
+pub fn query(c: &mut Connection, words: &[&str]) -> redis::RedisResult<Value> {
+    cmd(words).query(c)
+}
+
+/// The reply as an integer token, panicking with the reply otherwise.
+pub fn int(c: &mut Connection, words: &[&str]) -> i64 {
+    match query(c, words) {
+        Ok(Value::Int(i)) => i,
+        other => panic!("{words:?}: expected an integer, got {other:?}"),
+    }
+}
+
+pub fn is_nil(c: &mut Connection, words: &[&str]) -> bool {
+    matches!(query(c, words), Ok(Value::Nil))
+}
+
+/// The error text of a reply, panicking if it was not an error.
+pub fn err(c: &mut Connection, words: &[&str]) -> String {
+    match query(c, words) {
+        Err(e) => format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or("")).trim().to_string(),
+        Ok(v) => panic!("{words:?}: expected an error, got {v:?}"),
+    }
+}
+
+/// LOCK.INFO as a map from field name to value (RESP2 flat array), or None for nil.
+pub fn info(c: &mut Connection, key: &str) -> Option<std::collections::HashMap<String, Value>> {
+    match query(c, &["LOCK.INFO", key]).expect("LOCK.INFO") {
+        Value::Nil => None,
+        Value::Array(items) => {
+            let mut map = std::collections::HashMap::new();
+            for pair in items.chunks(2) {
+                let name = match &pair[0] {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
+                    Value::SimpleString(s) => s.clone(),
+                    other => panic!("field name {other:?}"),
+                };
+                map.insert(name, pair[1].clone());
+            }
+            Some(map)
+        }
+        Value::Map(items) => Some(
+            items
+                .into_iter()
+                .map(|(k, v)| match k {
+                    Value::BulkString(b) => (String::from_utf8_lossy(&b).to_string(), v),
+                    Value::SimpleString(s) => (s, v),
+                    other => panic!("field name {other:?}"),
+                })
+                .collect(),
+        ),
+        other => panic!("LOCK.INFO reply {other:?}"),
+    }
+}
+
+pub fn info_int(c: &mut Connection, key: &str, field: &str) -> i64 {
+    match info(c, key).and_then(|m| m.get(field).cloned()) {
+        Some(Value::Int(i)) => i,
+        other => panic!("{field}: {other:?}"),
+    }
+}
+
+/// The owners holding `key`, with their counts, sorted by owner.
+pub fn holders(c: &mut Connection, key: &str) -> Vec<(String, i64)> {
+    let Some(map) = info(c, key) else { return Vec::new() };
+    let Some(Value::Array(hs)) = map.get("holders").cloned() else {
+        panic!("holders field missing");
+    };
+    hs.into_iter()
+        .map(|h| match h {
+            Value::Array(parts) => match (&parts[0], &parts[1]) {
+                (Value::BulkString(o), Value::Int(n)) => (String::from_utf8_lossy(o).to_string(), *n),
+                other => panic!("holder {other:?}"),
+            },
+            other => panic!("holder {other:?}"),
+        })
+        .collect()
+}
+
+/// Waiters queued on `key` (0 when the key does not exist).
+pub fn waiting(c: &mut Connection, key: &str) -> i64 {
+    match info(c, key) {
+        None => 0,
+        Some(m) => match m.get("waiting") {
+            Some(Value::Int(i)) => *i,
+            other => panic!("waiting: {other:?}"),
+        },
+    }
+}
+
+/// Polls `cond` until it holds, failing after [`PATIENCE`].
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// An `INFO lock` field (Redis prefixes module fields with the module name: `lock_<field>`).
+pub fn info_field(c: &mut Connection, field: &str) -> u64 {
+    let text: String = redis::cmd("INFO").arg("lock").query(c).expect("INFO");
+    let wanted = format!("lock_{field}:");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {wanted} in INFO lock:\n{text}"))
+}
+
+/// The client id of a connection.
+pub fn client_id(c: &mut Connection) -> i64 {
+    int(c, &["CLIENT", "ID"])
+}

@@ -1,0 +1,395 @@
+//! Exclusive locks against a real redis-server: FIFO blocking, timeouts, disconnects,
+//! expiry hand-over, reentrancy, fencing, MULTI/Lua, bad input, deletion, the panic guard.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn grants_follow_arrival_order_for_twelve_queued_clients() {
+    let server = Server::start();
+    let mut c = server.client();
+    let first = int(&mut c, &["LOCK.ACQUIRE", "fifo", "holder", "10000"]);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for i in 1..=12 {
+        let mut w = server.client();
+        let order = Arc::clone(&order);
+        threads.push(thread::spawn(move || {
+            let owner = format!("w{i}");
+            let token = int(&mut w, &["LOCK.ACQUIRE", "fifo", &owner, "10000", "WAIT", "0"]);
+            order.lock().unwrap().push((i, token));
+            assert_eq!(int(&mut w, &["LOCK.RELEASE", "fifo", &owner]), 0);
+        }));
+        // Queue them one at a time so arrival order is known.
+        wait_until("waiter queued", || waiting(&mut c, "fifo") == i);
+    }
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "fifo", "holder"]), 0);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let ids: Vec<i64> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, (1..=12).collect::<Vec<_>>(), "grants out of arrival order");
+    let tokens: Vec<i64> = order.iter().map(|(_, t)| *t).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens not increasing: {tokens:?}");
+    assert!(tokens[0] > first);
+    assert!(info(&mut c, "fifo").is_none(), "key should be gone once free");
+}
+
+#[test]
+fn wait_timeout_replies_nil_close_to_the_timeout_and_leaves_the_queue() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "t", "holder", "10000"]);
+    let before = info_field(&mut c, "timeouts_total");
+    let started = Instant::now();
+    assert!(is_nil(&mut c, &["LOCK.ACQUIRE", "t", "late", "1000", "WAIT", "300"]));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(295), "returned after {waited:?}");
+    assert!(waited < Duration::from_millis(3000), "returned after {waited:?}");
+    assert_eq!(waiting(&mut c, "t"), 0);
+    assert_eq!(info_field(&mut c, "timeouts_total"), before + 1);
+    assert_eq!(holders(&mut c, "t"), vec![("holder".to_string(), 1)]);
+}
+
+#[test]
+fn wait_zero_blocks_until_the_lock_is_released() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "z", "holder", "60000"]);
+    let mut w = server.client();
+    let waiter = thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "z", "patient", "1000", "WAIT", "0"]));
+    wait_until("waiter queued", || waiting(&mut c, "z") == 1);
+    thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "WAIT 0 returned while the lock was held");
+    int(&mut c, &["LOCK.RELEASE", "z", "holder"]);
+    let token = waiter.join().unwrap();
+    assert!(token > 1);
+    assert_eq!(holders(&mut c, "z"), vec![("patient".to_string(), 1)]);
+}
+
+#[test]
+fn a_queued_client_that_disconnects_leaves_and_the_next_is_served() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "d", "holder", "60000"]);
+
+    let mut gone = server.client();
+    let gone_id = client_id(&mut gone);
+    let gone_thread = thread::spawn(move || query(&mut gone, &["LOCK.ACQUIRE", "d", "gone", "60000", "WAIT", "0"]));
+    wait_until("first waiter queued", || waiting(&mut c, "d") == 1);
+
+    let mut next = server.client();
+    let next_thread = thread::spawn(move || int(&mut next, &["LOCK.ACQUIRE", "d", "next", "60000", "WAIT", "0"]));
+    wait_until("second waiter queued", || waiting(&mut c, "d") == 2);
+
+    int(&mut c, &["CLIENT", "KILL", "ID", &gone_id.to_string()]);
+    wait_until("disconnected waiter left the queue", || waiting(&mut c, "d") == 1);
+    assert!(gone_thread.join().unwrap().is_err(), "killed client got a reply");
+
+    int(&mut c, &["LOCK.RELEASE", "d", "holder"]);
+    next_thread.join().unwrap();
+    assert_eq!(holders(&mut c, "d"), vec![("next".to_string(), 1)]);
+}
+
+#[test]
+fn a_holder_that_never_releases_hands_over_at_its_ttl() {
+    let server = Server::start();
+    let mut c = server.client();
+    let ttl = 400u64;
+    let acquired = Instant::now();
+    int(&mut c, &["LOCK.ACQUIRE", "crash", "crashed", &ttl.to_string()]);
+    let mut w = server.client();
+    let waiter = thread::spawn(move || {
+        let token = int(&mut w, &["LOCK.ACQUIRE", "crash", "heir", "5000", "WAIT", "0"]);
+        (token, Instant::now())
+    });
+    let (token, granted) = waiter.join().unwrap();
+    let after_ttl = granted.duration_since(acquired).saturating_sub(Duration::from_millis(ttl));
+    assert!(token >= 2);
+    assert!(
+        granted.duration_since(acquired) >= Duration::from_millis(ttl - 5),
+        "granted before the holder's ttl"
+    );
+    // Generous bound for a loaded machine; the typical figure is about a millisecond.
+    assert!(after_ttl < Duration::from_millis(1500), "hand-over {after_ttl:?} after the ttl");
+    eprintln!("crash hand-over: granted {after_ttl:?} after the holder's ttl");
+    assert_eq!(holders(&mut c, "crash"), vec![("heir".to_string(), 1)]);
+    assert!(info_field(&mut c, "expirations_total") >= 1);
+}
+
+#[test]
+fn an_expired_lock_without_waiters_disappears() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "gone", "a", "100"]);
+    let pttl = int(&mut c, &["PTTL", "gone"]);
+    assert!((1..=100).contains(&pttl), "PTTL {pttl}");
+    wait_until("key expired", || int(&mut c, &["EXISTS", "gone"]) == 0);
+    assert_eq!(err(&mut c, &["LOCK.RELEASE", "gone", "a"]).split(' ').next(), Some("NOTOWNER"));
+}
+
+#[test]
+fn reentrancy_counts_and_release_replies() {
+    let server = Server::start();
+    let mut c = server.client();
+    let t1 = int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000"]);
+    let t2 = int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000"]);
+    let t3 = int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000", "WAIT", "100"]);
+    assert_eq!((t1, t2), (t3, t3), "a reentrant grant returns the holding's token");
+    assert_eq!(holders(&mut c, "r"), vec![("me".to_string(), 3)]);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "r", "me"]), 2);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "r", "me"]), 1);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "r", "me"]), 0);
+    assert_eq!(int(&mut c, &["EXISTS", "r"]), 0);
+
+    int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000"]);
+    int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000"]);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "r", "me", "ALL"]), 0);
+    assert_eq!(int(&mut c, &["EXISTS", "r"]), 0);
+}
+
+#[test]
+fn reentry_resets_the_expiry_and_extend_sets_it() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "x", "me", "1000"]);
+    int(&mut c, &["LOCK.ACQUIRE", "x", "me", "50000"]);
+    assert!(int(&mut c, &["PTTL", "x"]) > 40_000);
+    assert_eq!(int(&mut c, &["LOCK.EXTEND", "x", "me", "90000"]), 1);
+    assert!(int(&mut c, &["PTTL", "x"]) > 80_000);
+    assert_eq!(holders(&mut c, "x"), vec![("me".to_string(), 2)]);
+    assert_eq!(int(&mut c, &["LOCK.EXTEND", "x", "me", "200"]), 1);
+    wait_until("extended-down lock expired", || int(&mut c, &["EXISTS", "x"]) == 0);
+}
+
+#[test]
+fn not_owner_is_an_error_and_changes_nothing() {
+    let server = Server::start();
+    let mut c = server.client();
+    assert!(err(&mut c, &["LOCK.RELEASE", "n", "nobody"]).starts_with("NOTOWNER"));
+    assert!(err(&mut c, &["LOCK.EXTEND", "n", "nobody", "100"]).starts_with("NOTOWNER"));
+    assert_eq!(int(&mut c, &["EXISTS", "n"]), 0);
+    int(&mut c, &["LOCK.ACQUIRE", "n", "owner", "10000"]);
+    let before = holders(&mut c, "n");
+    let fence = info_int(&mut c, "n", "fence");
+    assert!(err(&mut c, &["LOCK.RELEASE", "n", "other"]).starts_with("NOTOWNER"));
+    assert!(err(&mut c, &["LOCK.RELEASE", "n", "other", "ALL"]).starts_with("NOTOWNER"));
+    assert!(err(&mut c, &["LOCK.EXTEND", "n", "other", "100"]).starts_with("NOTOWNER"));
+    assert_eq!(holders(&mut c, "n"), before);
+    assert_eq!(info_int(&mut c, "n", "fence"), fence);
+}
+
+#[test]
+fn fencing_tokens_increase_across_release_expiry_and_del() {
+    let server = Server::start();
+    let mut c = server.client();
+    let t1 = int(&mut c, &["LOCK.ACQUIRE", "f", "a", "10000"]);
+    int(&mut c, &["LOCK.RELEASE", "f", "a"]);
+    let t2 = int(&mut c, &["LOCK.ACQUIRE", "f", "b", "50"]);
+    wait_until("expiry", || int(&mut c, &["EXISTS", "f"]) == 0);
+    let t3 = int(&mut c, &["LOCK.ACQUIRE", "f", "c", "10000"]);
+    assert_eq!(info_int(&mut c, "f", "fence"), t3);
+    int(&mut c, &["DEL", "f"]);
+    let t4 = int(&mut c, &["LOCK.ACQUIRE", "f", "d", "10000"]);
+    int(&mut c, &["UNLINK", "f"]);
+    let t5 = int(&mut c, &["LOCK.ACQUIRE", "f", "e", "10000"]);
+    let tokens = [t1, t2, t3, t4, t5];
+    assert!(t1 >= 1);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+#[test]
+fn multi_and_scripts_never_block() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "m", "holder", "60000"]);
+
+    let started = Instant::now();
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("LOCK.ACQUIRE")
+        .arg("m")
+        .arg("tx")
+        .arg("1000")
+        .arg("WAIT")
+        .arg("0")
+        .cmd("LOCK.ACQUIRE")
+        .arg("free-in-tx")
+        .arg("tx")
+        .arg("1000")
+        .arg("WAIT")
+        .arg("0")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(replies[0], Value::Nil);
+    assert!(matches!(replies[1], Value::Int(_)), "a free lock is granted inside MULTI");
+
+    let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'lua', '1000', 'WAIT', '0')";
+    assert!(is_nil(&mut c, &["EVAL", script, "1", "m"]));
+
+    let library = "#!lua name=locklib\nredis.register_function('try_lock', function(keys, args) return redis.call('LOCK.ACQUIRE', keys[1], 'fn', '1000', 'WAIT', '0') end)";
+    query(&mut c, &["FUNCTION", "LOAD", library]).unwrap();
+    assert!(is_nil(&mut c, &["FCALL", "try_lock", "1", "m"]));
+
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(waiting(&mut c, "m"), 0);
+    assert_eq!(holders(&mut c, "m"), vec![("holder".to_string(), 1)]);
+}
+
+#[test]
+fn malformed_input_gets_an_error_and_changes_nothing() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "held", "owner", "60000"]);
+    query(&mut c, &["SET", "str", "value"]).unwrap();
+    let long_owner = "o".repeat(1025);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["LOCK.ACQUIRE"], "wrong number of arguments"),
+        (vec!["LOCK.ACQUIRE", "new"], "wrong number of arguments"),
+        (vec!["LOCK.ACQUIRE", "new", "o"], "wrong number of arguments"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "0"], "ttl must be"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "-1"], "ttl must be"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "abc"], "ttl is not an integer"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "1.5"], "ttl is not an integer"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "18446744073709551616"], "ttl is not an integer"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "9223372036854775807"], "ttl must be"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "140737488355329"], "ttl must be"),
+        (vec!["LOCK.ACQUIRE", "new", "", "100"], "owner must be"),
+        (vec!["LOCK.ACQUIRE", "new", &long_owner, "100"], "owner must be"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "100", "FOO"], "unknown option"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "100", "FOO", "1"], "unknown option"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT"], "syntax error"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "-1"], "timeout must be"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "x"], "timeout is not an integer"),
+        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "1", "extra"], "syntax error"),
+        (vec!["LOCK.ACQUIRE", "str", "o", "100"], "WRONGTYPE"),
+        (vec!["LOCK.ACQUIRE", "held", "o", "0"], "ttl must be"),
+        (vec!["LOCK.RELEASE", "new"], "wrong number of arguments"),
+        (vec!["LOCK.RELEASE", "held", "owner", "SOME"], "unknown option"),
+        (vec!["LOCK.RELEASE", "held", "owner", "ALL", "x"], "syntax error"),
+        (vec!["LOCK.RELEASE", "held", ""], "owner must be"),
+        (vec!["LOCK.RELEASE", "str", "o"], "WRONGTYPE"),
+        (vec!["LOCK.EXTEND", "held", "owner"], "wrong number of arguments"),
+        (vec!["LOCK.EXTEND", "held", "owner", "0"], "ttl must be"),
+        (vec!["LOCK.EXTEND", "held", "owner", "1", "2"], "wrong number of arguments"),
+        (vec!["LOCK.EXTEND", "str", "o", "100"], "WRONGTYPE"),
+        (vec!["LOCK.INFO"], "wrong number of arguments"),
+        (vec!["LOCK.INFO", "a", "b"], "wrong number of arguments"),
+        (vec!["LOCK.INFO", "str"], "WRONGTYPE"),
+        (vec!["GET", "held"], "WRONGTYPE"),
+        (vec!["LPUSH", "held", "x"], "WRONGTYPE"),
+    ];
+    let keys_before: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    let held_before = holders(&mut c, "held");
+    let pttl_before = int(&mut c, &["PTTL", "held"]);
+    for (words, expected) in &cases {
+        let e = err(&mut c, words);
+        assert!(e.contains(expected), "{words:?}: got {e:?}, expected {expected:?}");
+    }
+    let mut keys_after: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    let mut keys_before = keys_before;
+    keys_before.sort();
+    keys_after.sort();
+    assert_eq!(keys_after, keys_before, "an error created or removed a key");
+    assert_eq!(holders(&mut c, "held"), held_before);
+    assert!(int(&mut c, &["PTTL", "held"]) <= pttl_before);
+    let value: String = redis::cmd("GET").arg("str").query(&mut c).unwrap();
+    assert_eq!(value, "value");
+    // Binary-safe owners, including NUL and CRLF, are fine and never echoed in errors.
+    let weird = "a\0b\r\nc";
+    assert!(matches!(query(&mut c, &["LOCK.ACQUIRE", "bin", weird, "1000"]), Ok(Value::Int(_))));
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "bin", weird]), 0);
+    let max_owner = "o".repeat(1024);
+    assert!(matches!(query(&mut c, &["LOCK.ACQUIRE", "maxo", &max_owner, "1000"]), Ok(Value::Int(_))));
+    assert_eq!(query(&mut c, &["PING"]).unwrap(), Value::SimpleString("PONG".into()));
+}
+
+#[test]
+fn deleting_a_lock_serves_its_waiters_in_order() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "del", "holder", "60000"]);
+    let mut w1 = server.client();
+    let first = thread::spawn(move || int(&mut w1, &["LOCK.ACQUIRE", "del", "w1", "60000", "WAIT", "0"]));
+    wait_until("w1 queued", || waiting(&mut c, "del") == 1);
+    let mut w2 = server.client();
+    let second = thread::spawn(move || {
+        let t = int(&mut w2, &["LOCK.ACQUIRE", "del", "w2", "60000", "WAIT", "0"]);
+        (t, w2)
+    });
+    wait_until("w2 queued", || waiting(&mut c, "del") == 2);
+
+    assert_eq!(int(&mut c, &["DEL", "del"]), 1);
+    let t1 = first.join().unwrap();
+    assert!(t1 > 1);
+    wait_until("w2 still queued behind w1", || waiting(&mut c, "del") == 1);
+    assert_eq!(holders(&mut c, "del"), vec![("w1".to_string(), 1)]);
+    assert!(!second.is_finished());
+    int(&mut c, &["LOCK.RELEASE", "del", "w1"]);
+    let (t2, _) = second.join().unwrap();
+    assert!(t2 > t1);
+}
+
+#[test]
+fn overwriting_a_lock_with_another_type_gives_waiters_wrongtype() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "ow", "holder", "60000"]);
+    let mut w = server.client();
+    let waiter = thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "ow", "w", "60000", "WAIT", "0"]));
+    wait_until("queued", || waiting(&mut c, "ow") == 1);
+    query(&mut c, &["SET", "ow", "plain"]).unwrap();
+    let reply = waiter.join().unwrap();
+    let e = reply.expect_err("waiter should get an error");
+    assert_eq!(e.code(), Some("WRONGTYPE"), "{e:?}");
+}
+
+#[test]
+fn flushall_serves_waiters_on_a_fresh_lock() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "fl", "holder", "60000"]);
+    let mut w = server.client();
+    let waiter = thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "fl", "w", "60000", "WAIT", "0"]));
+    wait_until("queued", || waiting(&mut c, "fl") == 1);
+    query(&mut c, &["FLUSHALL"]).unwrap();
+    assert!(waiter.join().unwrap() > 1);
+    assert_eq!(holders(&mut c, "fl"), vec![("w".to_string(), 1)]);
+}
+
+#[test]
+fn a_panic_becomes_an_error_reply_and_the_server_keeps_answering() {
+    let mut server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "p", "me", "60000"]);
+    let e = err(&mut c, &["LOCK.DEBUG-PANIC"]);
+    assert!(e.contains("internal error"), "{e}");
+    assert_eq!(query(&mut c, &["PING"]).unwrap(), Value::SimpleString("PONG".into()));
+    assert!(server.alive());
+    assert_eq!(holders(&mut c, "p"), vec![("me".to_string(), 1)]);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "p", "me"]), 0);
+}
+
+#[test]
+fn commands_declare_their_key_and_arity() {
+    let server = Server::start();
+    let mut c = server.client();
+    for (command, args) in [
+        ("LOCK.ACQUIRE", vec!["k1", "o", "10"]),
+        ("LOCK.RWREAD", vec!["k1", "o", "10"]),
+        ("LOCK.RELEASE", vec!["k1", "o"]),
+        ("LOCK.EXTEND", vec!["k1", "o", "10"]),
+        ("LOCK.INFO", vec!["k1"]),
+    ] {
+        let mut words = vec!["COMMAND", "GETKEYS", command];
+        words.extend(args);
+        let keys: Vec<String> = cmd(&words).query(&mut c).unwrap();
+        assert_eq!(keys, vec!["k1".to_string()], "{command}");
+    }
+}
