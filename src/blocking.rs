@@ -13,14 +13,16 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::ffi::{self, BlockedClient};
 use crate::keys::LockKey;
-use crate::lock::{Millis, WaiterId, Waiter};
+use crate::lock::{Millis, Waiter, WaiterId};
 use crate::stats;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Queued,
     /// Granted; the token is replied when Redis calls the reply callback.
-    Granted { token: u64 },
+    Granted {
+        token: u64,
+    },
     /// The key now holds another type.
     WrongType,
 }
@@ -93,7 +95,14 @@ pub fn next_id() -> WaiterId {
 
 /// Blocks the current client as waiter `id` on (`db`, `key`). `timeout` 0 = no limit.
 /// Returns false if Redis refused to block it.
-pub fn block(ctx: &Context, id: WaiterId, db: i32, key: &[u8], waiter: Waiter, timeout: Millis) -> bool {
+pub fn block(
+    ctx: &Context,
+    id: WaiterId,
+    db: i32,
+    key: &[u8],
+    waiter: Waiter,
+    timeout: Millis,
+) -> bool {
     let Some(client) = ffi::block_client(ctx, timeout) else {
         return false;
     };
@@ -167,7 +176,9 @@ pub fn on_reply(client: BlockedClient) -> RedisResult {
         r.remove(id)
     });
     match entry.map(|e| e.state) {
-        Some(State::Granted { token }) => Ok(RedisValue::Integer(i64::try_from(token).unwrap_or(i64::MAX))),
+        Some(State::Granted { token }) => Ok(RedisValue::Integer(
+            i64::try_from(token).unwrap_or(i64::MAX),
+        )),
         Some(State::WrongType) => Err(RedisError::WrongType),
         Some(State::Queued) | None => Ok(RedisValue::Null),
     }

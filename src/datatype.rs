@@ -48,7 +48,9 @@ impl LockValue {
 
     /// Approximate bytes used, for MEMORY USAGE.
     pub fn memory(&self) -> usize {
-        std::mem::size_of::<Self>() + self.lock.holders().heap_size() + self.lock.queue().heap_size()
+        std::mem::size_of::<Self>()
+            + self.lock.holders().heap_size()
+            + self.lock.queue().heap_size()
     }
 }
 

@@ -50,7 +50,12 @@ pub struct RawKey {
 }
 
 impl RawKey {
-    pub fn open(ctx: &Context, name: &RedisString, lock_type: *mut raw::RedisModuleType, write: bool) -> Self {
+    pub fn open(
+        ctx: &Context,
+        name: &RedisString,
+        lock_type: *mut raw::RedisModuleType,
+        write: bool,
+    ) -> Self {
         let mode = if write {
             raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
         } else {
@@ -60,7 +65,6 @@ impl RawKey {
         // missing key in read mode, which `kind` treats as empty) that we close once in Drop.
         let key = unsafe {
             raw::RedisModule_OpenKey.map_or(ptr::null_mut(), |f| f(ctx.ctx, name.inner, mode))
-                as *mut raw::RedisModuleKey
         };
         RawKey { key, lock_type }
     }
@@ -75,7 +79,8 @@ impl RawKey {
             return KeyKind::Empty;
         }
         // SAFETY: as above; GetType returns NULL for keys that are not module types.
-        let mt = unsafe { raw::RedisModule_ModuleTypeGetType.map_or(ptr::null_mut(), |f| f(self.key)) };
+        let mt =
+            unsafe { raw::RedisModule_ModuleTypeGetType.map_or(ptr::null_mut(), |f| f(self.key)) };
         if t == raw::REDISMODULE_KEYTYPE_MODULE && mt == self.lock_type {
             KeyKind::Lock
         } else {
@@ -92,7 +97,8 @@ impl RawKey {
         // `set_value`; it stays valid while the key is open and we hand out one &mut at a time
         // (the borrow is tied to &mut self).
         unsafe {
-            let v = raw::RedisModule_ModuleTypeGetValue.map_or(ptr::null_mut(), |f| f(self.key)) as *mut T;
+            let v = raw::RedisModule_ModuleTypeGetValue.map_or(ptr::null_mut(), |f| f(self.key))
+                as *mut T;
             v.as_mut()
         }
     }
@@ -161,7 +167,13 @@ pub fn block_client(ctx: &Context, timeout_ms: u64) -> Option<BlockedClient> {
     // SAFETY: called from a command callback with its live ctx; no private data (so no free
     // callback); the callbacks are the guarded functions below.
     let bc = unsafe {
-        raw::RedisModule_BlockClient?(ctx.ctx, Some(on_blocked_reply), Some(on_blocked_timeout), None, timeout)
+        raw::RedisModule_BlockClient?(
+            ctx.ctx,
+            Some(on_blocked_reply),
+            Some(on_blocked_timeout),
+            None,
+            timeout,
+        )
     };
     if bc.is_null() {
         return None;
@@ -194,15 +206,25 @@ fn blocked_handle(ctx: *mut raw::RedisModuleCtx) -> BlockedClient {
 
 /// Called by Redis (main thread) for a blocked client after `unblock_client`, if it is still
 /// connected: sends the reply decided when it was unblocked.
-extern "C" fn on_blocked_reply(ctx: *mut raw::RedisModuleCtx, _argv: *mut *mut raw::RedisModuleString, _argc: c_int) -> c_int {
+extern "C" fn on_blocked_reply(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
     let context = Context::new(ctx);
-    let reply = guard("blocked reply", || crate::blocking::on_reply(blocked_handle(ctx)));
+    let reply = guard("blocked reply", || {
+        crate::blocking::on_reply(blocked_handle(ctx))
+    });
     context.reply(reply) as c_int
 }
 
 /// Called by Redis when a blocked client's WAIT timeout passes (or CLIENT UNBLOCK): the
 /// waiter leaves the queue and gets nil. Not called once we have unblocked the client.
-extern "C" fn on_blocked_timeout(ctx: *mut raw::RedisModuleCtx, _argv: *mut *mut raw::RedisModuleString, _argc: c_int) -> c_int {
+extern "C" fn on_blocked_timeout(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
     let context = Context::new(ctx);
     let bc = blocked_handle(ctx);
     let reply = guard("blocked timeout", || {
@@ -215,7 +237,10 @@ extern "C" fn on_blocked_timeout(ctx: *mut raw::RedisModuleCtx, _argv: *mut *mut
 /// Called by Redis when a blocked client's connection closes before its reply was sent
 /// (queued, or granted but not yet answered). The client context is going away; Redis frees
 /// the handle after we unblock it.
-extern "C" fn on_blocked_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisModuleBlockedClient) {
+extern "C" fn on_blocked_disconnect(
+    ctx: *mut raw::RedisModuleCtx,
+    bc: *mut raw::RedisModuleBlockedClient,
+) {
     let context = Context::new(ctx);
     let _ = guard("blocked disconnect", || {
         crate::blocking::on_disconnect(&context, BlockedClient(bc as usize));
@@ -234,7 +259,9 @@ static DETACHED_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(ptr::null_m
 pub fn init_detached_context(ctx: &Context) {
     // SAFETY: called once from OnLoad with its live ctx; the returned context lives until the
     // process exits.
-    let d = unsafe { raw::RedisModule_GetDetachedThreadSafeContext.map_or(ptr::null_mut(), |f| f(ctx.ctx)) };
+    let d = unsafe {
+        raw::RedisModule_GetDetachedThreadSafeContext.map_or(ptr::null_mut(), |f| f(ctx.ctx))
+    };
     DETACHED_CTX.store(d, Ordering::Relaxed);
 }
 
@@ -255,10 +282,17 @@ pub enum KeyAccess {
 
 /// Declares `name`'s arity and its one key (argument 1) through RedisModule_SetCommandInfo,
 /// which Redis 7.0 has even though the crate's proc macro needs 7.2.
-pub fn set_command_info(ctx: &Context, name: &str, arity: i32, access: KeyAccess) -> Result<(), String> {
+pub fn set_command_info(
+    ctx: &Context,
+    name: &str,
+    arity: i32,
+    access: KeyAccess,
+) -> Result<(), String> {
     let cname = CString::new(name).map_err(|e| e.to_string())?;
     // SAFETY: ctx is OnLoad's; GetCommand returns NULL for an unknown name, checked below.
-    let command = unsafe { raw::RedisModule_GetCommand.map_or(ptr::null_mut(), |f| f(ctx.ctx, cname.as_ptr())) };
+    let command = unsafe {
+        raw::RedisModule_GetCommand.map_or(ptr::null_mut(), |f| f(ctx.ctx, cname.as_ptr()))
+    };
     if command.is_null() {
         return Err(format!("command {name} not found"));
     }
@@ -267,7 +301,9 @@ pub fn set_command_info(ctx: &Context, name: &str, arity: i32, access: KeyAccess
         // INSERT, UPDATE and DELETE are exclusive in Redis; a lock command may do any of the
         // three, which is what UPDATE (the general one) says.
         KeyAccess::ReadWrite => {
-            raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE
+            raw::REDISMODULE_CMD_KEY_RW
+                | raw::REDISMODULE_CMD_KEY_ACCESS
+                | raw::REDISMODULE_CMD_KEY_UPDATE
         }
     };
     // A zeroed spec is the array terminator Redis looks for.
@@ -288,7 +324,7 @@ pub fn set_command_info(ctx: &Context, name: &str, arity: i32, access: KeyAccess
         sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
         sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
     };
-    let mut info = raw::RedisModuleCommandInfo {
+    let info = raw::RedisModuleCommandInfo {
         version: &version,
         summary: ptr::null(),
         complexity: ptr::null(),
@@ -301,7 +337,7 @@ pub fn set_command_info(ctx: &Context, name: &str, arity: i32, access: KeyAccess
     };
     // SAFETY: command is live; info and everything it points to outlive the call, and Redis
     // copies what it keeps.
-    let rc = unsafe { raw::RedisModule_SetCommandInfo.map_or(1, |f| f(command, &mut info)) };
+    let rc = unsafe { raw::RedisModule_SetCommandInfo.map_or(1, |f| f(command, &info)) };
     if rc == 0 {
         Ok(())
     } else {
@@ -369,7 +405,11 @@ pub extern "C" fn type_rdb_save(io: *mut raw::RedisModuleIO, value: *mut c_void)
 }
 
 /// AOF rewrite of one value: emits the commands that rebuild it.
-pub extern "C" fn type_aof_rewrite(io: *mut raw::RedisModuleIO, key: *mut raw::RedisModuleString, value: *mut c_void) {
+pub extern "C" fn type_aof_rewrite(
+    io: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
     crate::guard::guard_silent("aof rewrite", || {
         // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
         if let Some(v) = unsafe { (value as *const crate::datatype::LockValue).as_ref() } {
@@ -403,7 +443,11 @@ pub extern "C" fn type_unlink(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const
         let (db, key, v) = unsafe {
             let db = raw::RedisModule_GetDbIdFromOptCtx.map_or(0, |f| f(ctx));
             let key = raw::RedisModule_GetKeyNameFromOptCtx.map_or(ptr::null(), |f| f(ctx));
-            (db, string_bytes(key), (value as *mut crate::datatype::LockValue).as_mut())
+            (
+                db,
+                string_bytes(key),
+                (value as *mut crate::datatype::LockValue).as_mut(),
+            )
         };
         if let Some(v) = v {
             crate::reconcile::on_unlink(db, key, v);
@@ -412,7 +456,10 @@ pub extern "C" fn type_unlink(ctx: *mut raw::RedisModuleKeyOptCtx, value: *const
 }
 
 /// COPY: a new value with the same holders.
-pub extern "C" fn type_copy(_ctx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) -> *mut c_void {
+pub extern "C" fn type_copy(
+    _ctx: *mut raw::RedisModuleKeyOptCtx,
+    value: *const c_void,
+) -> *mut c_void {
     let mut out: *mut c_void = ptr::null_mut();
     crate::guard::guard_silent("copy", || {
         // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
@@ -489,7 +536,12 @@ struct SwapDbInfo {
 
 /// FLUSHDB / FLUSHALL (and the flush inside DEBUG RELOAD or a full sync): values are freed
 /// without unlink, so waiters of the flushed databases must be served again.
-pub extern "C" fn on_flush_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::RedisModuleEvent, sub: u64, data: *mut c_void) {
+pub extern "C" fn on_flush_event(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    sub: u64,
+    data: *mut c_void,
+) {
     crate::guard::guard_silent("flush event", || {
         if sub != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
             return;
@@ -501,7 +553,12 @@ pub extern "C" fn on_flush_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::Redi
 }
 
 /// SWAPDB: whole databases change index under the waiters and timers.
-pub extern "C" fn on_swapdb_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::RedisModuleEvent, _sub: u64, data: *mut c_void) {
+pub extern "C" fn on_swapdb_event(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _sub: u64,
+    data: *mut c_void,
+) {
     crate::guard::guard_silent("swapdb event", || {
         // SAFETY: for the SwapDB event Redis passes a RedisModuleSwapDbInfoV1.
         if let Some(i) = unsafe { (data as *const SwapDbInfo).as_ref() } {
@@ -511,7 +568,12 @@ pub extern "C" fn on_swapdb_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::Red
 }
 
 /// End of RDB/AOF loading: settle the keys loaded (timers, expiry).
-pub extern "C" fn on_loading_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::RedisModuleEvent, sub: u64, _data: *mut c_void) {
+pub extern "C" fn on_loading_event(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    sub: u64,
+    _data: *mut c_void,
+) {
     crate::guard::guard_silent("loading event", || {
         if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             crate::reconcile::schedule();
@@ -521,7 +583,8 @@ pub extern "C" fn on_loading_event(_ctx: *mut raw::RedisModuleCtx, _eid: raw::Re
 
 /// Subscribes to the events above. Called once from OnLoad.
 pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
-    type Callback = unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
+    type Callback =
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
     let events: [(u64, Callback); 3] = [
         (raw::REDISMODULE_EVENT_FLUSHDB, on_flush_event),
         (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb_event),
@@ -530,15 +593,22 @@ pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
     for (id, cb) in events {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: ctx is OnLoad's; the callbacks are 'static functions.
-        let rc = unsafe { raw::RedisModule_SubscribeToServerEvent.map_or(1, |f| f(ctx.ctx, event, Some(cb))) };
+        let rc = unsafe {
+            raw::RedisModule_SubscribeToServerEvent.map_or(1, |f| f(ctx.ctx, event, Some(cb)))
+        };
         if rc != 0 {
             return Err(format!("cannot subscribe to server event {id}"));
         }
     }
     // SAFETY: as above.
     let rc = unsafe {
-        raw::RedisModule_SubscribeToKeyspaceEvents
-            .map_or(1, |f| f(ctx.ctx, raw::REDISMODULE_NOTIFY_GENERIC, Some(on_keyspace_event)))
+        raw::RedisModule_SubscribeToKeyspaceEvents.map_or(1, |f| {
+            f(
+                ctx.ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC,
+                Some(on_keyspace_event),
+            )
+        })
     };
     if rc != 0 {
         return Err("cannot subscribe to keyspace events".into());
@@ -557,9 +627,10 @@ pub extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
         // SAFETY: ctx is the live info context; field names are NUL-terminated and outlive
         // the calls.
         unsafe {
-            let (Some(add_section), Some(add_field)) =
-                (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong)
-            else {
+            let (Some(add_section), Some(add_field)) = (
+                raw::RedisModule_InfoAddSection,
+                raw::RedisModule_InfoAddFieldULongLong,
+            ) else {
                 return;
             };
             if add_section(ctx, ptr::null_mut()) != 0 {

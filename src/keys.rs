@@ -58,7 +58,9 @@ impl<'a> LockKey<'a> {
 
     /// The lock stored in the key, creating a free one if the key does not exist.
     pub fn existing_or_new(&mut self) -> Result<&mut LockValue, RedisError> {
-        if self.raw.kind() == KeyKind::Empty && !self.raw.set_value(Box::new(LockValue::new(Lock::new()))) {
+        if self.raw.kind() == KeyKind::Empty
+            && !self.raw.set_value(Box::new(LockValue::new(Lock::new())))
+        {
             return Err(RedisError::Str("ERR could not create the lock key"));
         }
         self.existing()?
@@ -85,7 +87,8 @@ impl<'a> LockKey<'a> {
 
     /// Sends a keyspace notification of the module class for this key.
     pub fn notify(&self, event: &str) {
-        self.ctx.notify_keyspace_event(NotifyEvent::MODULE, event, &self.name);
+        self.ctx
+            .notify_keyspace_event(NotifyEvent::MODULE, event, &self.name);
     }
 
     /// Finishes an operation: serves granted waiters, counts and notifies what happened, then

@@ -12,6 +12,8 @@ use crate::datatype::LockValue;
 /// replication exists; a warning in the log says so instead of losing them silently.
 pub fn rewrite(_io: *mut raw::RedisModuleIO, _key: &[u8], value: &LockValue) {
     if !value.lock.holders().is_empty() {
-        crate::ffi::log_warning("lock module: AOF rewrite does not include lock keys yet; use RDB persistence");
+        crate::ffi::log_warning(
+            "lock module: AOF rewrite does not include lock keys yet; use RDB persistence",
+        );
     }
 }

@@ -21,7 +21,10 @@ fn grants_follow_arrival_order_for_twelve_queued_clients() {
         let order = Arc::clone(&order);
         threads.push(thread::spawn(move || {
             let owner = format!("w{i}");
-            let token = int(&mut w, &["LOCK.ACQUIRE", "fifo", &owner, "10000", "WAIT", "0"]);
+            let token = int(
+                &mut w,
+                &["LOCK.ACQUIRE", "fifo", &owner, "10000", "WAIT", "0"],
+            );
             order.lock().unwrap().push((i, token));
             assert_eq!(int(&mut w, &["LOCK.RELEASE", "fifo", &owner]), 0);
         }));
@@ -34,11 +37,21 @@ fn grants_follow_arrival_order_for_twelve_queued_clients() {
     }
     let order = order.lock().unwrap().clone();
     let ids: Vec<i64> = order.iter().map(|(i, _)| *i).collect();
-    assert_eq!(ids, (1..=12).collect::<Vec<_>>(), "grants out of arrival order");
+    assert_eq!(
+        ids,
+        (1..=12).collect::<Vec<_>>(),
+        "grants out of arrival order"
+    );
     let tokens: Vec<i64> = order.iter().map(|(_, t)| *t).collect();
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens not increasing: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {tokens:?}"
+    );
     assert!(tokens[0] > first);
-    assert!(info(&mut c, "fifo").is_none(), "key should be gone once free");
+    assert!(
+        info(&mut c, "fifo").is_none(),
+        "key should be gone once free"
+    );
 }
 
 #[test]
@@ -48,10 +61,19 @@ fn wait_timeout_replies_nil_close_to_the_timeout_and_leaves_the_queue() {
     int(&mut c, &["LOCK.ACQUIRE", "t", "holder", "10000"]);
     let before = info_field(&mut c, "timeouts_total");
     let started = Instant::now();
-    assert!(is_nil(&mut c, &["LOCK.ACQUIRE", "t", "late", "1000", "WAIT", "300"]));
+    assert!(is_nil(
+        &mut c,
+        &["LOCK.ACQUIRE", "t", "late", "1000", "WAIT", "300"]
+    ));
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_millis(295), "returned after {waited:?}");
-    assert!(waited < Duration::from_millis(3000), "returned after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(295),
+        "returned after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(3000),
+        "returned after {waited:?}"
+    );
     assert_eq!(waiting(&mut c, "t"), 0);
     assert_eq!(info_field(&mut c, "timeouts_total"), before + 1);
     assert_eq!(holders(&mut c, "t"), vec![("holder".to_string(), 1)]);
@@ -63,10 +85,18 @@ fn wait_zero_blocks_until_the_lock_is_released() {
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "z", "holder", "60000"]);
     let mut w = server.client();
-    let waiter = thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "z", "patient", "1000", "WAIT", "0"]));
+    let waiter = thread::spawn(move || {
+        int(
+            &mut w,
+            &["LOCK.ACQUIRE", "z", "patient", "1000", "WAIT", "0"],
+        )
+    });
     wait_until("waiter queued", || waiting(&mut c, "z") == 1);
     thread::sleep(Duration::from_millis(300));
-    assert!(!waiter.is_finished(), "WAIT 0 returned while the lock was held");
+    assert!(
+        !waiter.is_finished(),
+        "WAIT 0 returned while the lock was held"
+    );
     int(&mut c, &["LOCK.RELEASE", "z", "holder"]);
     let token = waiter.join().unwrap();
     assert!(token > 1);
@@ -81,16 +111,31 @@ fn a_queued_client_that_disconnects_leaves_and_the_next_is_served() {
 
     let mut gone = server.client();
     let gone_id = client_id(&mut gone);
-    let gone_thread = thread::spawn(move || query(&mut gone, &["LOCK.ACQUIRE", "d", "gone", "60000", "WAIT", "0"]));
+    let gone_thread = thread::spawn(move || {
+        query(
+            &mut gone,
+            &["LOCK.ACQUIRE", "d", "gone", "60000", "WAIT", "0"],
+        )
+    });
     wait_until("first waiter queued", || waiting(&mut c, "d") == 1);
 
     let mut next = server.client();
-    let next_thread = thread::spawn(move || int(&mut next, &["LOCK.ACQUIRE", "d", "next", "60000", "WAIT", "0"]));
+    let next_thread = thread::spawn(move || {
+        int(
+            &mut next,
+            &["LOCK.ACQUIRE", "d", "next", "60000", "WAIT", "0"],
+        )
+    });
     wait_until("second waiter queued", || waiting(&mut c, "d") == 2);
 
     int(&mut c, &["CLIENT", "KILL", "ID", &gone_id.to_string()]);
-    wait_until("disconnected waiter left the queue", || waiting(&mut c, "d") == 1);
-    assert!(gone_thread.join().unwrap().is_err(), "killed client got a reply");
+    wait_until("disconnected waiter left the queue", || {
+        waiting(&mut c, "d") == 1
+    });
+    assert!(
+        gone_thread.join().unwrap().is_err(),
+        "killed client got a reply"
+    );
 
     int(&mut c, &["LOCK.RELEASE", "d", "holder"]);
     next_thread.join().unwrap();
@@ -103,21 +148,32 @@ fn a_holder_that_never_releases_hands_over_at_its_ttl() {
     let mut c = server.client();
     let ttl = 400u64;
     let acquired = Instant::now();
-    int(&mut c, &["LOCK.ACQUIRE", "crash", "crashed", &ttl.to_string()]);
+    int(
+        &mut c,
+        &["LOCK.ACQUIRE", "crash", "crashed", &ttl.to_string()],
+    );
     let mut w = server.client();
     let waiter = thread::spawn(move || {
-        let token = int(&mut w, &["LOCK.ACQUIRE", "crash", "heir", "5000", "WAIT", "0"]);
+        let token = int(
+            &mut w,
+            &["LOCK.ACQUIRE", "crash", "heir", "5000", "WAIT", "0"],
+        );
         (token, Instant::now())
     });
     let (token, granted) = waiter.join().unwrap();
-    let after_ttl = granted.duration_since(acquired).saturating_sub(Duration::from_millis(ttl));
+    let after_ttl = granted
+        .duration_since(acquired)
+        .saturating_sub(Duration::from_millis(ttl));
     assert!(token >= 2);
     assert!(
         granted.duration_since(acquired) >= Duration::from_millis(ttl - 5),
         "granted before the holder's ttl"
     );
     // Generous bound for a loaded machine; the typical figure is about a millisecond.
-    assert!(after_ttl < Duration::from_millis(1500), "hand-over {after_ttl:?} after the ttl");
+    assert!(
+        after_ttl < Duration::from_millis(1500),
+        "hand-over {after_ttl:?} after the ttl"
+    );
     eprintln!("crash hand-over: granted {after_ttl:?} after the holder's ttl");
     assert_eq!(holders(&mut c, "crash"), vec![("heir".to_string(), 1)]);
     assert!(info_field(&mut c, "expirations_total") >= 1);
@@ -131,7 +187,12 @@ fn an_expired_lock_without_waiters_disappears() {
     let pttl = int(&mut c, &["PTTL", "gone"]);
     assert!((1..=100).contains(&pttl), "PTTL {pttl}");
     wait_until("key expired", || int(&mut c, &["EXISTS", "gone"]) == 0);
-    assert_eq!(err(&mut c, &["LOCK.RELEASE", "gone", "a"]).split(' ').next(), Some("NOTOWNER"));
+    assert_eq!(
+        err(&mut c, &["LOCK.RELEASE", "gone", "a"])
+            .split(' ')
+            .next(),
+        Some("NOTOWNER")
+    );
 }
 
 #[test]
@@ -141,7 +202,11 @@ fn reentrancy_counts_and_release_replies() {
     let t1 = int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000"]);
     let t2 = int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000"]);
     let t3 = int(&mut c, &["LOCK.ACQUIRE", "r", "me", "10000", "WAIT", "100"]);
-    assert_eq!((t1, t2), (t3, t3), "a reentrant grant returns the holding's token");
+    assert_eq!(
+        (t1, t2),
+        (t3, t3),
+        "a reentrant grant returns the holding's token"
+    );
     assert_eq!(holders(&mut c, "r"), vec![("me".to_string(), 3)]);
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "r", "me"]), 2);
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "r", "me"]), 1);
@@ -165,7 +230,9 @@ fn reentry_resets_the_expiry_and_extend_sets_it() {
     assert!(int(&mut c, &["PTTL", "x"]) > 80_000);
     assert_eq!(holders(&mut c, "x"), vec![("me".to_string(), 2)]);
     assert_eq!(int(&mut c, &["LOCK.EXTEND", "x", "me", "200"]), 1);
-    wait_until("extended-down lock expired", || int(&mut c, &["EXISTS", "x"]) == 0);
+    wait_until("extended-down lock expired", || {
+        int(&mut c, &["EXISTS", "x"]) == 0
+    });
 }
 
 #[test]
@@ -228,7 +295,10 @@ fn multi_and_scripts_never_block() {
         .query(&mut c)
         .unwrap();
     assert_eq!(replies[0], Value::Nil);
-    assert!(matches!(replies[1], Value::Int(_)), "a free lock is granted inside MULTI");
+    assert!(
+        matches!(replies[1], Value::Int(_)),
+        "a free lock is granted inside MULTI"
+    );
 
     let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'lua', '1000', 'WAIT', '0')";
     assert!(is_nil(&mut c, &["EVAL", script, "1", "m"]));
@@ -252,32 +322,83 @@ fn malformed_input_gets_an_error_and_changes_nothing() {
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["LOCK.ACQUIRE"], "wrong number of arguments"),
         (vec!["LOCK.ACQUIRE", "new"], "wrong number of arguments"),
-        (vec!["LOCK.ACQUIRE", "new", "o"], "wrong number of arguments"),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o"],
+            "wrong number of arguments",
+        ),
         (vec!["LOCK.ACQUIRE", "new", "o", "0"], "ttl must be"),
         (vec!["LOCK.ACQUIRE", "new", "o", "-1"], "ttl must be"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "abc"], "ttl is not an integer"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "1.5"], "ttl is not an integer"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "18446744073709551616"], "ttl is not an integer"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "9223372036854775807"], "ttl must be"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "140737488355329"], "ttl must be"),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "abc"],
+            "ttl is not an integer",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "1.5"],
+            "ttl is not an integer",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "18446744073709551616"],
+            "ttl is not an integer",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "9223372036854775807"],
+            "ttl must be",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "140737488355329"],
+            "ttl must be",
+        ),
         (vec!["LOCK.ACQUIRE", "new", "", "100"], "owner must be"),
-        (vec!["LOCK.ACQUIRE", "new", &long_owner, "100"], "owner must be"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "100", "FOO"], "unknown option"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "100", "FOO", "1"], "unknown option"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT"], "syntax error"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "-1"], "timeout must be"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "x"], "timeout is not an integer"),
-        (vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "1", "extra"], "syntax error"),
+        (
+            vec!["LOCK.ACQUIRE", "new", &long_owner, "100"],
+            "owner must be",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "100", "FOO"],
+            "unknown option",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "100", "FOO", "1"],
+            "unknown option",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT"],
+            "syntax error",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "-1"],
+            "timeout must be",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "x"],
+            "timeout is not an integer",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "1", "extra"],
+            "syntax error",
+        ),
         (vec!["LOCK.ACQUIRE", "str", "o", "100"], "WRONGTYPE"),
         (vec!["LOCK.ACQUIRE", "held", "o", "0"], "ttl must be"),
         (vec!["LOCK.RELEASE", "new"], "wrong number of arguments"),
-        (vec!["LOCK.RELEASE", "held", "owner", "SOME"], "unknown option"),
-        (vec!["LOCK.RELEASE", "held", "owner", "ALL", "x"], "syntax error"),
+        (
+            vec!["LOCK.RELEASE", "held", "owner", "SOME"],
+            "unknown option",
+        ),
+        (
+            vec!["LOCK.RELEASE", "held", "owner", "ALL", "x"],
+            "syntax error",
+        ),
         (vec!["LOCK.RELEASE", "held", ""], "owner must be"),
         (vec!["LOCK.RELEASE", "str", "o"], "WRONGTYPE"),
-        (vec!["LOCK.EXTEND", "held", "owner"], "wrong number of arguments"),
+        (
+            vec!["LOCK.EXTEND", "held", "owner"],
+            "wrong number of arguments",
+        ),
         (vec!["LOCK.EXTEND", "held", "owner", "0"], "ttl must be"),
-        (vec!["LOCK.EXTEND", "held", "owner", "1", "2"], "wrong number of arguments"),
+        (
+            vec!["LOCK.EXTEND", "held", "owner", "1", "2"],
+            "wrong number of arguments",
+        ),
         (vec!["LOCK.EXTEND", "str", "o", "100"], "WRONGTYPE"),
         (vec!["LOCK.INFO"], "wrong number of arguments"),
         (vec!["LOCK.INFO", "a", "b"], "wrong number of arguments"),
@@ -290,7 +411,10 @@ fn malformed_input_gets_an_error_and_changes_nothing() {
     let pttl_before = int(&mut c, &["PTTL", "held"]);
     for (words, expected) in &cases {
         let e = err(&mut c, words);
-        assert!(e.contains(expected), "{words:?}: got {e:?}, expected {expected:?}");
+        assert!(
+            e.contains(expected),
+            "{words:?}: got {e:?}, expected {expected:?}"
+        );
     }
     let mut keys_after: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
     let mut keys_before = keys_before;
@@ -303,11 +427,20 @@ fn malformed_input_gets_an_error_and_changes_nothing() {
     assert_eq!(value, "value");
     // Binary-safe owners, including NUL and CRLF, are fine and never echoed in errors.
     let weird = "a\0b\r\nc";
-    assert!(matches!(query(&mut c, &["LOCK.ACQUIRE", "bin", weird, "1000"]), Ok(Value::Int(_))));
+    assert!(matches!(
+        query(&mut c, &["LOCK.ACQUIRE", "bin", weird, "1000"]),
+        Ok(Value::Int(_))
+    ));
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "bin", weird]), 0);
     let max_owner = "o".repeat(1024);
-    assert!(matches!(query(&mut c, &["LOCK.ACQUIRE", "maxo", &max_owner, "1000"]), Ok(Value::Int(_))));
-    assert_eq!(query(&mut c, &["PING"]).unwrap(), Value::SimpleString("PONG".into()));
+    assert!(matches!(
+        query(&mut c, &["LOCK.ACQUIRE", "maxo", &max_owner, "1000"]),
+        Ok(Value::Int(_))
+    ));
+    assert_eq!(
+        query(&mut c, &["PING"]).unwrap(),
+        Value::SimpleString("PONG".into())
+    );
 }
 
 #[test]
@@ -316,11 +449,19 @@ fn deleting_a_lock_serves_its_waiters_in_order() {
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "del", "holder", "60000"]);
     let mut w1 = server.client();
-    let first = thread::spawn(move || int(&mut w1, &["LOCK.ACQUIRE", "del", "w1", "60000", "WAIT", "0"]));
+    let first = thread::spawn(move || {
+        int(
+            &mut w1,
+            &["LOCK.ACQUIRE", "del", "w1", "60000", "WAIT", "0"],
+        )
+    });
     wait_until("w1 queued", || waiting(&mut c, "del") == 1);
     let mut w2 = server.client();
     let second = thread::spawn(move || {
-        let t = int(&mut w2, &["LOCK.ACQUIRE", "del", "w2", "60000", "WAIT", "0"]);
+        let t = int(
+            &mut w2,
+            &["LOCK.ACQUIRE", "del", "w2", "60000", "WAIT", "0"],
+        );
         (t, w2)
     });
     wait_until("w2 queued", || waiting(&mut c, "del") == 2);
@@ -342,7 +483,8 @@ fn overwriting_a_lock_with_another_type_gives_waiters_wrongtype() {
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "ow", "holder", "60000"]);
     let mut w = server.client();
-    let waiter = thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "ow", "w", "60000", "WAIT", "0"]));
+    let waiter =
+        thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "ow", "w", "60000", "WAIT", "0"]));
     wait_until("queued", || waiting(&mut c, "ow") == 1);
     query(&mut c, &["SET", "ow", "plain"]).unwrap();
     let reply = waiter.join().unwrap();
@@ -356,7 +498,8 @@ fn flushall_serves_waiters_on_a_fresh_lock() {
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "fl", "holder", "60000"]);
     let mut w = server.client();
-    let waiter = thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "fl", "w", "60000", "WAIT", "0"]));
+    let waiter =
+        thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "fl", "w", "60000", "WAIT", "0"]));
     wait_until("queued", || waiting(&mut c, "fl") == 1);
     query(&mut c, &["FLUSHALL"]).unwrap();
     assert!(waiter.join().unwrap() > 1);
@@ -370,7 +513,10 @@ fn a_panic_becomes_an_error_reply_and_the_server_keeps_answering() {
     int(&mut c, &["LOCK.ACQUIRE", "p", "me", "60000"]);
     let e = err(&mut c, &["LOCK.DEBUG-PANIC"]);
     assert!(e.contains("internal error"), "{e}");
-    assert_eq!(query(&mut c, &["PING"]).unwrap(), Value::SimpleString("PONG".into()));
+    assert_eq!(
+        query(&mut c, &["PING"]).unwrap(),
+        Value::SimpleString("PONG".into())
+    );
     assert!(server.alive());
     assert_eq!(holders(&mut c, "p"), vec![("me".to_string(), 1)]);
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "p", "me"]), 0);

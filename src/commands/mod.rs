@@ -7,8 +7,8 @@ pub mod parse;
 
 use std::collections::BTreeMap;
 
-use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 use redis_module::redisvalue::RedisValueKey;
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::guard::guard;
 use crate::keys::LockKey;
@@ -28,7 +28,8 @@ fn slices(args: &[RedisString]) -> Vec<&[u8]> {
     args.iter().map(|a| a.as_slice()).collect()
 }
 
-const NOT_OWNER: &str = "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
+const NOT_OWNER: &str =
+    "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
 const DEADLOCK: &str =
     "DEADLOCK the owner holds this lock shared and asked for it exclusively; release the read hold first";
 
@@ -66,7 +67,9 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
         Acquired::Granted { token, .. } => {
             stats::count_grant();
             lock_key.notify("lock.acquire");
-            Ok(RedisValue::Integer(i64::try_from(token).unwrap_or(i64::MAX)))
+            Ok(RedisValue::Integer(
+                i64::try_from(token).unwrap_or(i64::MAX),
+            ))
         }
         Acquired::Queued => {
             let (Some(id), Some(timeout)) = (wait_id, req.wait) else {
@@ -109,7 +112,9 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             .ok_or(RedisError::Str(NOT_OWNER))?
             .map_err(|_| RedisError::Str(NOT_OWNER))?;
         lock_key.notify("lock.release");
-        Ok(RedisValue::Integer(i64::try_from(remaining).unwrap_or(i64::MAX)))
+        Ok(RedisValue::Integer(
+            i64::try_from(remaining).unwrap_or(i64::MAX),
+        ))
     })
 }
 
@@ -148,7 +153,11 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let now = ffi::now_ms();
         let lock = &value.lock;
         // Holders whose expiry has passed are gone even if the timer has not run yet.
-        let mut holders: Vec<_> = lock.holders().iter().filter(|(_, h)| h.expires_at > now).collect();
+        let mut holders: Vec<_> = lock
+            .holders()
+            .iter()
+            .filter(|(_, h)| h.expires_at > now)
+            .collect();
         holders.sort_by(|a, b| a.0.cmp(b.0));
         let mode = match holders.first() {
             None => "free",
@@ -172,7 +181,10 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let mut map = BTreeMap::new();
         let field = |name: &str| RedisValueKey::String(name.to_string());
         map.insert(field("mode"), RedisValue::SimpleStringStatic(mode));
-        map.insert(field("fence"), RedisValue::Integer(i64::try_from(lock.fence()).unwrap_or(i64::MAX)));
+        map.insert(
+            field("fence"),
+            RedisValue::Integer(i64::try_from(lock.fence()).unwrap_or(i64::MAX)),
+        );
         map.insert(field("holders"), RedisValue::Array(holders));
         map.insert(
             field("waiting"),
@@ -187,5 +199,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// into an error reply and the server keeps running. Only in builds with `test-hooks`.
 #[cfg(feature = "test-hooks")]
 pub fn debug_panic(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
-    guard("LOCK.DEBUG-PANIC", || panic!("deliberate panic from LOCK.DEBUG-PANIC"))
+    guard("LOCK.DEBUG-PANIC", || {
+        panic!("deliberate panic from LOCK.DEBUG-PANIC")
+    })
 }

@@ -26,7 +26,9 @@ impl ArgError {
             ArgError::TtlNotInteger => "ERR ttl is not an integer or out of range",
             ArgError::TtlRange => "ERR ttl must be between 1 and 140737488355328 milliseconds",
             ArgError::TimeoutNotInteger => "ERR timeout is not an integer or out of range",
-            ArgError::TimeoutRange => "ERR timeout must be between 0 and 140737488355328 milliseconds",
+            ArgError::TimeoutRange => {
+                "ERR timeout must be between 0 and 140737488355328 milliseconds"
+            }
             ArgError::UnknownOption => "ERR unknown option",
             ArgError::Syntax => "ERR syntax error",
         }
@@ -127,7 +129,11 @@ pub fn parse_i64(arg: &[u8]) -> Option<i64> {
         }
         let d = i64::from(b - b'0');
         value = value.checked_mul(10)?;
-        value = if negative { value.checked_sub(d)? } else { value.checked_add(d)? };
+        value = if negative {
+            value.checked_sub(d)?
+        } else {
+            value.checked_add(d)?
+        };
     }
     Some(value)
 }
@@ -153,7 +159,20 @@ mod tests {
         assert_eq!(parse_i64(b"-7"), Some(-7));
         assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
-        for bad in ["", "-", "+1", " 1", "1 ", "01", "-0", "1e3", "1.0", "abc", "9223372036854775808", "18446744073709551616"] {
+        for bad in [
+            "",
+            "-",
+            "+1",
+            " 1",
+            "1 ",
+            "01",
+            "-0",
+            "1e3",
+            "1.0",
+            "abc",
+            "9223372036854775808",
+            "18446744073709551616",
+        ] {
             assert_eq!(parse_i64(bad.as_bytes()), None, "{bad:?}");
         }
     }
@@ -161,9 +180,18 @@ mod tests {
     #[test]
     fn acquire_accepts_the_documented_forms() {
         assert_eq!(acq(&["me", "1000"]), Ok((b"me".to_vec(), 1000, None)));
-        assert_eq!(acq(&["me", "1", "WAIT", "0"]), Ok((b"me".to_vec(), 1, Some(0))));
-        assert_eq!(acq(&["me", "1", "wait", "250"]), Ok((b"me".to_vec(), 1, Some(250))));
-        assert_eq!(acq(&["me", "140737488355328"]).map(|r| r.1), Ok(MAX_DURATION));
+        assert_eq!(
+            acq(&["me", "1", "WAIT", "0"]),
+            Ok((b"me".to_vec(), 1, Some(0)))
+        );
+        assert_eq!(
+            acq(&["me", "1", "wait", "250"]),
+            Ok((b"me".to_vec(), 1, Some(250)))
+        );
+        assert_eq!(
+            acq(&["me", "140737488355328"]).map(|r| r.1),
+            Ok(MAX_DURATION)
+        );
     }
 
     #[test]
@@ -172,17 +200,32 @@ mod tests {
         assert_eq!(acq(&["me", "-1"]), Err(ArgError::TtlRange));
         assert_eq!(acq(&["me", "140737488355329"]), Err(ArgError::TtlRange));
         assert_eq!(acq(&["me", "abc"]), Err(ArgError::TtlNotInteger));
-        assert_eq!(acq(&["me", "18446744073709551616"]), Err(ArgError::TtlNotInteger));
+        assert_eq!(
+            acq(&["me", "18446744073709551616"]),
+            Err(ArgError::TtlNotInteger)
+        );
         assert_eq!(acq(&["", "10"]), Err(ArgError::Owner));
         let long = "x".repeat(1025);
         assert_eq!(acq(&[&long, "10"]), Err(ArgError::Owner));
         let max = "x".repeat(1024);
         assert!(acq(&[&max, "10"]).is_ok());
         assert_eq!(acq(&["me", "10", "WAIT"]), Err(ArgError::Syntax));
-        assert_eq!(acq(&["me", "10", "WAIT", "-1"]), Err(ArgError::TimeoutRange));
-        assert_eq!(acq(&["me", "10", "WAIT", "x"]), Err(ArgError::TimeoutNotInteger));
-        assert_eq!(acq(&["me", "10", "WAIT", "1", "WAIT", "1"]), Err(ArgError::Syntax));
-        assert_eq!(acq(&["me", "10", "NOWAIT", "1"]), Err(ArgError::UnknownOption));
+        assert_eq!(
+            acq(&["me", "10", "WAIT", "-1"]),
+            Err(ArgError::TimeoutRange)
+        );
+        assert_eq!(
+            acq(&["me", "10", "WAIT", "x"]),
+            Err(ArgError::TimeoutNotInteger)
+        );
+        assert_eq!(
+            acq(&["me", "10", "WAIT", "1", "WAIT", "1"]),
+            Err(ArgError::Syntax)
+        );
+        assert_eq!(
+            acq(&["me", "10", "NOWAIT", "1"]),
+            Err(ArgError::UnknownOption)
+        );
         assert_eq!(acq(&["me", "10", "FOO"]), Err(ArgError::UnknownOption));
         assert_eq!(acq(&["me"]), Err(ArgError::Arity));
     }

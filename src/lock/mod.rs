@@ -230,7 +230,12 @@ impl Lock {
 
     /// Drops one hold of `owner` (all of them with `all`) and serves the queue.
     /// Returns the owner's remaining count.
-    pub fn release(&mut self, owner: &[u8], all: bool, step: &mut Step<'_>) -> Result<u64, NotOwner> {
+    pub fn release(
+        &mut self,
+        owner: &[u8],
+        all: bool,
+        step: &mut Step<'_>,
+    ) -> Result<u64, NotOwner> {
         self.expire(step);
         let held = self.holders.get(owner).ok_or(NotOwner)?;
         let remaining = if all { 0 } else { held.count.saturating_sub(1) };
@@ -245,7 +250,12 @@ impl Lock {
     }
 
     /// Sets `owner`'s expiry to now + `ttl`. Returns the new absolute expiry.
-    pub fn extend(&mut self, owner: &[u8], ttl: Millis, step: &mut Step<'_>) -> Result<Millis, NotOwner> {
+    pub fn extend(
+        &mut self,
+        owner: &[u8],
+        ttl: Millis,
+        step: &mut Step<'_>,
+    ) -> Result<Millis, NotOwner> {
         self.expire(step);
         let count = self.holders.get(owner).ok_or(NotOwner)?.count;
         let expires_at = step.now.saturating_add(ttl);
@@ -358,7 +368,10 @@ impl Lock {
                     self.holders.update(&waiter.owner, count, expires_at);
                     (token, count)
                 }
-                None => (self.grant_new(&waiter.owner, waiter.mode, waiter.ttl, step), 1),
+                None => (
+                    self.grant_new(&waiter.owner, waiter.mode, waiter.ttl, step),
+                    1,
+                ),
             };
             let expires_at = self
                 .holders

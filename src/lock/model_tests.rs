@@ -10,13 +10,28 @@ const OWNERS: u8 = 5;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Acquire { owner: u8, mode: Mode, ttl: Millis, wait: bool },
-    Release { owner: u8, all: bool },
-    Extend { owner: u8, ttl: Millis },
+    Acquire {
+        owner: u8,
+        mode: Mode,
+        ttl: Millis,
+        wait: bool,
+    },
+    Release {
+        owner: u8,
+        all: bool,
+    },
+    Extend {
+        owner: u8,
+        ttl: Millis,
+    },
     /// Time passes, then the expiry timer fires.
-    Advance { ms: Millis },
+    Advance {
+        ms: Millis,
+    },
     /// The n-th (modulo) queued waiter times out or disconnects.
-    Cancel { nth: usize },
+    Cancel {
+        nth: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -81,7 +96,9 @@ impl Model {
     }
 
     fn head_grantable(&self) -> bool {
-        let Some(w) = self.queue.first() else { return false };
+        let Some(w) = self.queue.first() else {
+            return false;
+        };
         let own = self.holding(w.owner).map(|i| &self.holders[i]);
         match w.mode {
             Mode::Write => {
@@ -89,7 +106,9 @@ impl Model {
                     || (self.holders.len() == 1 && own.is_some_and(|h| h.mode == Mode::Write))
             }
             Mode::Read => {
-                self.holders.is_empty() || self.all_read() || own.is_some_and(|h| h.mode == Mode::Write)
+                self.holders.is_empty()
+                    || self.all_read()
+                    || own.is_some_and(|h| h.mode == Mode::Write)
             }
         }
     }
@@ -111,7 +130,12 @@ impl Model {
     }
 
     fn expire(&mut self, now: Millis) {
-        let mut due: Vec<MHolder> = self.holders.iter().filter(|h| h.expires_at <= now).cloned().collect();
+        let mut due: Vec<MHolder> = self
+            .holders
+            .iter()
+            .filter(|h| h.expires_at <= now)
+            .cloned()
+            .collect();
         if due.is_empty() {
             return;
         }
@@ -121,7 +145,14 @@ impl Model {
         self.serve(now);
     }
 
-    fn acquire(&mut self, owner: u8, mode: Mode, ttl: Millis, wait: Option<u64>, now: Millis) -> Acquired {
+    fn acquire(
+        &mut self,
+        owner: u8,
+        mode: Mode,
+        ttl: Millis,
+        wait: Option<u64>,
+        now: Millis,
+    ) -> Acquired {
         self.expire(now);
         if let Some(i) = self.holding(owner) {
             let h = &mut self.holders[i];
@@ -130,7 +161,10 @@ impl Model {
             }
             h.count += 1;
             h.expires_at = now + ttl;
-            return Acquired::Granted { token: h.token, count: h.count };
+            return Acquired::Granted {
+                token: h.token,
+                count: h.count,
+            };
         }
         let fits = self.holders.is_empty() || (mode == Mode::Read && self.all_read());
         if self.queue.is_empty() && fits {
@@ -139,7 +173,12 @@ impl Model {
         }
         match wait {
             Some(id) => {
-                self.queue.push(MWaiter { id, owner, mode, ttl });
+                self.queue.push(MWaiter {
+                    id,
+                    owner,
+                    mode,
+                    ttl,
+                });
                 Acquired::Queued
             }
             None => Acquired::Busy,
@@ -180,10 +219,18 @@ fn owner_bytes(o: u8) -> [u8; 2] {
 /// Checks the safety invariants of the real lock.
 fn check_invariants(lock: &Lock, now: Millis) -> Result<(), TestCaseError> {
     let holders: Vec<_> = lock.holders().iter().collect();
-    let writers = holders.iter().filter(|(_, h)| h.mode == Mode::Write).count();
+    let writers = holders
+        .iter()
+        .filter(|(_, h)| h.mode == Mode::Write)
+        .count();
     prop_assert!(writers <= 1, "two writers: {holders:?}");
     if writers == 1 {
-        prop_assert_eq!(holders.len(), 1, "a writer beside another holder: {:?}", holders);
+        prop_assert_eq!(
+            holders.len(),
+            1,
+            "a writer beside another holder: {:?}",
+            holders
+        );
     }
     for (owner, h) in &holders {
         prop_assert!(h.count >= 1, "{owner:?} count 0");
@@ -194,7 +241,9 @@ fn check_invariants(lock: &Lock, now: Millis) -> Result<(), TestCaseError> {
         let own = lock.holders().get(&head.owner);
         let grantable = match head.mode {
             Mode::Write => own.is_some_and(|h| h.mode == Mode::Write),
-            Mode::Read => lock.mode() == Some(Mode::Read) || own.is_some_and(|h| h.mode == Mode::Write),
+            Mode::Read => {
+                lock.mode() == Some(Mode::Read) || own.is_some_and(|h| h.mode == Mode::Write)
+            }
         };
         prop_assert!(!grantable, "queue head left waiting although grantable");
     }

@@ -119,7 +119,10 @@ fn waiters_are_granted_in_arrival_order() {
     b.write("holder");
     for i in 1..=12 {
         let owner = format!("w{i}");
-        assert_eq!(b.acquire(&owner, Mode::Write, 1_000, Some(i)), Acquired::Queued);
+        assert_eq!(
+            b.acquire(&owner, Mode::Write, 1_000, Some(i)),
+            Acquired::Queued
+        );
     }
     let mut order = Vec::new();
     let mut current = "holder".to_string();
@@ -227,7 +230,10 @@ fn readers_share_and_writer_waits_for_all() {
     let t1 = token(b.read("r1"));
     let t2 = token(b.read("r2"));
     assert!(t2 > t1);
-    assert_eq!(b.acquire("w", Mode::Write, 1_000, Some(1)), Acquired::Queued);
+    assert_eq!(
+        b.acquire("w", Mode::Write, 1_000, Some(1)),
+        Acquired::Queued
+    );
     b.release("r1").unwrap();
     assert!(b.granted_ids().is_empty());
     b.release("r2").unwrap();
@@ -240,7 +246,10 @@ fn queued_writer_blocks_new_readers_but_not_reentering_ones() {
     b.read("r1");
     b.acquire("w", Mode::Write, 1_000, Some(1));
     assert_eq!(b.read("r2"), Acquired::Busy);
-    assert_eq!(b.acquire("r2", Mode::Read, 1_000, Some(2)), Acquired::Queued);
+    assert_eq!(
+        b.acquire("r2", Mode::Read, 1_000, Some(2)),
+        Acquired::Queued
+    );
     assert!(matches!(b.read("r1"), Acquired::Granted { count: 2, .. }));
 }
 

@@ -71,7 +71,9 @@ impl Server {
                 .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
-            let mut child = cmd.spawn().expect("cannot start redis-server (is it installed? `make test` installs it)");
+            let mut child = cmd
+                .spawn()
+                .expect("cannot start redis-server (is it installed? `make test` installs it)");
             let deadline = Instant::now() + PATIENCE;
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -93,9 +95,11 @@ impl Server {
     }
 
     pub fn client(&self) -> Connection {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("client");
-        let mut c = client.get_connection().expect("connect");
-        c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("client");
+        let c = client.get_connection().expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
         c
     }
 
@@ -141,7 +145,9 @@ pub fn is_nil(c: &mut Connection, words: &[&str]) -> bool {
 /// The error text of a reply, panicking if it was not an error.
 pub fn err(c: &mut Connection, words: &[&str]) -> String {
     match query(c, words) {
-        Err(e) => format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or("")).trim().to_string(),
+        Err(e) => format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+            .trim()
+            .to_string(),
         Ok(v) => panic!("{words:?}: expected an error, got {v:?}"),
     }
 }
@@ -185,14 +191,18 @@ pub fn info_int(c: &mut Connection, key: &str, field: &str) -> i64 {
 
 /// The owners holding `key`, with their counts, sorted by owner.
 pub fn holders(c: &mut Connection, key: &str) -> Vec<(String, i64)> {
-    let Some(map) = info(c, key) else { return Vec::new() };
+    let Some(map) = info(c, key) else {
+        return Vec::new();
+    };
     let Some(Value::Array(hs)) = map.get("holders").cloned() else {
         panic!("holders field missing");
     };
     hs.into_iter()
         .map(|h| match h {
             Value::Array(parts) => match (&parts[0], &parts[1]) {
-                (Value::BulkString(o), Value::Int(n)) => (String::from_utf8_lossy(o).to_string(), *n),
+                (Value::BulkString(o), Value::Int(n)) => {
+                    (String::from_utf8_lossy(o).to_string(), *n)
+                }
                 other => panic!("holder {other:?}"),
             },
             other => panic!("holder {other:?}"),
