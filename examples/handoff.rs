@@ -29,7 +29,10 @@ fn main() -> redis::RedisResult<()> {
                 .arg(0)
                 .query(&mut waiter)?;
             let granted = Instant::now();
-            let _: i64 = redis::cmd("LOCK.RELEASE").arg("handoff").arg("waiter").query(&mut waiter)?;
+            let _: i64 = redis::cmd("LOCK.RELEASE")
+                .arg("handoff")
+                .arg("waiter")
+                .query(&mut waiter)?;
             let _ = done_tx.send(granted);
         }
         Ok(())
@@ -37,11 +40,17 @@ fn main() -> redis::RedisResult<()> {
 
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        let _: i64 = redis::cmd("LOCK.ACQUIRE").arg("handoff").arg("holder").arg(10_000).query(&mut holder)?;
+        let _: i64 = redis::cmd("LOCK.ACQUIRE")
+            .arg("handoff")
+            .arg("holder")
+            .arg(10_000)
+            .query(&mut holder)?;
         go_tx.send(()).expect("waiter thread");
         // Wait until the waiter is queued.
         loop {
-            let info: Vec<redis::Value> = redis::cmd("LOCK.INFO").arg("handoff").query(&mut observer)?;
+            let info: Vec<redis::Value> = redis::cmd("LOCK.INFO")
+                .arg("handoff")
+                .query(&mut observer)?;
             let queued = info.chunks(2).any(|p| {
                 matches!((&p[0], &p[1]), (redis::Value::BulkString(k), redis::Value::Int(n)) if k == b"waiting" && *n == 1)
             });
@@ -51,7 +60,10 @@ fn main() -> redis::RedisResult<()> {
             thread::sleep(Duration::from_micros(200));
         }
         let sent = Instant::now();
-        let _: i64 = redis::cmd("LOCK.RELEASE").arg("handoff").arg("holder").query(&mut holder)?;
+        let _: i64 = redis::cmd("LOCK.RELEASE")
+            .arg("handoff")
+            .arg("holder")
+            .query(&mut holder)?;
         let granted = done_rx.recv().expect("waiter thread");
         samples.push(granted.duration_since(sent));
     }

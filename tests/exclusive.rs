@@ -539,3 +539,79 @@ fn commands_declare_their_key_and_arity() {
         assert_eq!(keys, vec!["k1".to_string()], "{command}");
     }
 }
+
+#[test]
+fn a_waiter_killed_between_its_grant_and_its_reply_never_holds_the_lock() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "g", "holder", "60000"]);
+    let mut doomed = server.client();
+    let doomed_id = client_id(&mut doomed);
+    let doomed_thread = thread::spawn(move || {
+        query(
+            &mut doomed,
+            &["LOCK.ACQUIRE", "g", "doomed", "60000", "WAIT", "0"],
+        )
+    });
+    wait_until("doomed queued", || waiting(&mut c, "g") == 1);
+    let mut next = server.client();
+    let next_thread = thread::spawn(move || {
+        int(
+            &mut next,
+            &["LOCK.ACQUIRE", "g", "next", "60000", "WAIT", "0"],
+        )
+    });
+    wait_until("next queued", || waiting(&mut c, "g") == 2);
+
+    // One write, so Redis runs all three before replying to anyone: the RELEASE grants the
+    // lock to "doomed", whose connection is then killed before its reply could be sent.
+    let replies: (i64, i64, Value) = redis::pipe()
+        .cmd("LOCK.RELEASE")
+        .arg("g")
+        .arg("holder")
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(doomed_id)
+        .cmd("LOCK.INFO")
+        .arg("g")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((replies.0, replies.1), (0, 1));
+    assert!(
+        doomed_thread.join().unwrap().is_err(),
+        "the killed client got a reply"
+    );
+    next_thread.join().unwrap();
+    assert_eq!(holders(&mut c, "g"), vec![("next".to_string(), 1)]);
+}
+
+#[test]
+fn a_grant_is_visible_to_a_command_pipelined_after_the_release() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "vis", "holder", "60000"]);
+    let mut w = server.client();
+    let waiter = thread::spawn(move || {
+        int(
+            &mut w,
+            &["LOCK.ACQUIRE", "vis", "heir", "60000", "WAIT", "0"],
+        )
+    });
+    wait_until("queued", || waiting(&mut c, "vis") == 1);
+    let (released, after): (i64, Value) = redis::pipe()
+        .cmd("LOCK.RELEASE")
+        .arg("vis")
+        .arg("holder")
+        .cmd("LOCK.INFO")
+        .arg("vis")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(released, 0);
+    let text = format!("{after:?}");
+    assert!(
+        text.contains("heir"),
+        "LOCK.INFO right after RELEASE: {text}"
+    );
+    waiter.join().unwrap();
+}
