@@ -10,7 +10,10 @@ fn usec_per_call(stats: &str, command: &str) -> f64 {
     stats
         .lines()
         .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix("usec_per_call="))
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or(f64::NAN)
 }
@@ -28,7 +31,11 @@ fn main() -> redis::RedisResult<()> {
         for chunk in (0..readers).collect::<Vec<_>>().chunks(1000) {
             let mut p = redis::pipe();
             for i in chunk {
-                p.cmd("LOCK.RWREAD").arg("shared").arg(format!("reader-{i}")).arg(3_600_000).ignore();
+                p.cmd("LOCK.RWREAD")
+                    .arg("shared")
+                    .arg(format!("reader-{i}"))
+                    .arg(3_600_000)
+                    .ignore();
             }
             p.query::<()>(&mut c)?;
         }
@@ -37,7 +44,11 @@ fn main() -> redis::RedisResult<()> {
             let mut p = redis::pipe();
             for j in 0..100 {
                 let owner = format!("probe-{batch}-{j}");
-                p.cmd("LOCK.RWREAD").arg("shared").arg(&owner).arg(10_000).ignore();
+                p.cmd("LOCK.RWREAD")
+                    .arg("shared")
+                    .arg(&owner)
+                    .arg(10_000)
+                    .ignore();
                 p.cmd("LOCK.RELEASE").arg("shared").arg(&owner).ignore();
             }
             p.query::<()>(&mut c)?;
@@ -45,7 +56,10 @@ fn main() -> redis::RedisResult<()> {
         let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut c)?;
         let read = usec_per_call(&stats, "lock.rwread");
         let release = usec_per_call(&stats, "lock.release");
-        println!("| {readers} | {read:.2} | {release:.2} | {:.2} |", read + release);
+        println!(
+            "| {readers} | {read:.2} | {release:.2} | {:.2} |",
+            read + release
+        );
     }
     Ok(())
 }

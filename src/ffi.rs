@@ -654,3 +654,40 @@ pub fn register_info(ctx: &Context) {
         }
     }
 }
+
+/// Registers LOCK.DEBUG-PANIC (builds with the `test-hooks` feature only): a command that
+/// panics on purpose, so the integration tests can check the panic guard.
+#[cfg(feature = "test-hooks")]
+pub fn register_debug_panic(ctx: &Context) -> Result<(), String> {
+    /// Called by Redis for LOCK.DEBUG-PANIC, on the main thread.
+    extern "C" fn command(
+        ctx: *mut raw::RedisModuleCtx,
+        _argv: *mut *mut raw::RedisModuleString,
+        _argc: c_int,
+    ) -> c_int {
+        let context = Context::new(ctx);
+        let reply = crate::commands::debug_panic(&context, Vec::new());
+        context.reply(reply) as c_int
+    }
+    let name = CString::new("lock.debug-panic").map_err(|e| e.to_string())?;
+    let flags = CString::new("fast").map_err(|e| e.to_string())?;
+    // SAFETY: ctx is OnLoad's; name and flags are NUL-terminated and Redis copies them.
+    let rc = unsafe {
+        raw::RedisModule_CreateCommand.map_or(1, |f| {
+            f(
+                ctx.ctx,
+                name.as_ptr(),
+                Some(command),
+                flags.as_ptr(),
+                0,
+                0,
+                0,
+            )
+        })
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err("cannot create lock.debug-panic".into())
+    }
+}

@@ -51,11 +51,15 @@ mod module {
             return Status::Err;
         }
         ffi::register_info(ctx);
+        #[cfg(feature = "test-hooks")]
+        if let Err(e) = ffi::register_debug_panic(ctx) {
+            ctx.log_warning(&format!("lock module: {e}"));
+            return Status::Err;
+        }
         ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
         Status::Ok
     }
 
-    #[cfg(not(feature = "test-hooks"))]
     redis_module! {
         name: "lock",
         version: 1,
@@ -68,23 +72,6 @@ mod module {
             ["lock.release", commands::release, "write fast", 1, 1, 1, ""],
             ["lock.extend", commands::extend, "write fast", 1, 1, 1, ""],
             ["lock.info", commands::info, "readonly fast", 1, 1, 1, ""],
-        ],
-    }
-
-    #[cfg(feature = "test-hooks")]
-    redis_module! {
-        name: "lock",
-        version: 1,
-        allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
-        data_types: [LOCK_TYPE],
-        init: init,
-        commands: [
-            ["lock.acquire", commands::acquire, "write deny-oom", 1, 1, 1, ""],
-            ["lock.rwread", commands::rwread, "write deny-oom", 1, 1, 1, ""],
-            ["lock.release", commands::release, "write fast", 1, 1, 1, ""],
-            ["lock.extend", commands::extend, "write fast", 1, 1, 1, ""],
-            ["lock.info", commands::info, "readonly fast", 1, 1, 1, ""],
-            ["lock.debug-panic", commands::debug_panic, "fast", 0, 0, 0, ""],
         ],
     }
 }
