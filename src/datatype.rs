@@ -69,7 +69,7 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
         rdb_save: Some(crate::ffi::type_rdb_save),
         aof_rewrite: Some(crate::ffi::type_aof_rewrite),
         mem_usage: Some(crate::ffi::type_mem_usage),
-        digest: None,
+        digest: Some(crate::ffi::type_digest),
         free: Some(crate::ffi::type_free),
         aux_load: Some(crate::ffi::type_aux_load),
         aux_save: Some(crate::ffi::type_aux_save),
@@ -171,6 +171,25 @@ pub fn copy(value: &LockValue) -> LockValue {
     let mut lock = value.lock.clone();
     drop(lock.take_waiters());
     LockValue::new(lock)
+}
+
+/// What DEBUG DIGEST covers: each holder (sorted by owner) with its mode, count, expiry and
+/// token, then the key's fence. Waiters and timers are connection state, not data.
+pub fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, [u64; 4])> {
+    let mut items: Vec<(Vec<u8>, [u64; 4])> = value
+        .lock
+        .holders()
+        .iter()
+        .map(|(o, h)| {
+            (
+                o.to_vec(),
+                [mode_code(h.mode), h.count, h.expires_at, h.token],
+            )
+        })
+        .collect();
+    items.sort();
+    items.push((b"fence".to_vec(), [value.lock.fence(), 0, 0, 0]));
+    items
 }
 
 pub fn mode_code(mode: Mode) -> u64 {

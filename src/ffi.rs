@@ -418,6 +418,33 @@ pub extern "C" fn type_aof_rewrite(
     });
 }
 
+/// DEBUG DIGEST / DEBUG DIGEST-VALUE: feeds the value's holders to the digest.
+pub extern "C" fn type_digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    crate::guard::guard_silent("digest", || {
+        // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
+        let Some(v) = (unsafe { (value as *const crate::datatype::LockValue).as_ref() }) else {
+            return;
+        };
+        // SAFETY: md is the live digest handle; buffers outlive each call.
+        unsafe {
+            let (Some(add_buffer), Some(add_number), Some(end)) = (
+                raw::RedisModule_DigestAddStringBuffer,
+                raw::RedisModule_DigestAddLongLong,
+                raw::RedisModule_DigestEndSequence,
+            ) else {
+                return;
+            };
+            for (owner, numbers) in crate::datatype::digest_items(v) {
+                add_buffer(md, owner.as_ptr() as *const std::ffi::c_char, owner.len());
+                for n in numbers {
+                    add_number(md, i64::try_from(n).unwrap_or(i64::MAX));
+                }
+                end(md);
+            }
+        }
+    });
+}
+
 /// MEMORY USAGE of one value.
 pub extern "C" fn type_mem_usage(value: *const c_void) -> usize {
     // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.

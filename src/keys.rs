@@ -11,13 +11,16 @@ use redis_module::{Context, NotifyEvent, RedisError, RedisString};
 use crate::datatype::{lock_type, LockValue};
 use crate::ffi::{KeyKind, RawKey};
 use crate::lock::{Event, Lock, Millis, Step};
-use crate::{blocking, expiry, ffi, stats};
+use crate::{blocking, expiry, ffi, replication, stats};
 
 pub struct LockKey<'a> {
     ctx: &'a Context,
     name: RedisString,
     db: i32,
     raw: RawKey,
+    /// Propagate changes as LOCK.SYNC (off while applying a LOCK.SYNC itself: Redis forwards
+    /// the master's stream to sub-replicas on its own).
+    replicate: bool,
 }
 
 impl<'a> LockKey<'a> {
@@ -39,6 +42,7 @@ impl<'a> LockKey<'a> {
             db: ffi::selected_db(ctx),
             name,
             raw,
+            replicate: true,
         }
     }
 
@@ -67,6 +71,19 @@ impl<'a> LockKey<'a> {
             .ok_or(RedisError::Str("ERR could not create the lock key"))
     }
 
+    pub fn set_replicate(&mut self, replicate: bool) {
+        self.replicate = replicate;
+    }
+
+    /// Runs `op` on the lock as it is, with no clock: for applying a master's effect (LOCK.SYNC),
+    /// which must not expire or grant anything by this server's own decision.
+    pub fn apply_exact(&mut self, op: impl FnOnce(&mut Lock)) {
+        if let Some(value) = self.raw.value::<LockValue>() {
+            op(&mut value.lock);
+            self.commit(Vec::new());
+        }
+    }
+
     /// Runs `op` on the lock with a fresh [`Step`] (the current time and the module's fencing
     /// counter), then commits. Returns `op`'s result, or `None` if the key holds no lock.
     pub fn apply<R>(&mut self, op: impl FnOnce(&mut Lock, &mut Step<'_>) -> R) -> Option<R> {
@@ -91,25 +108,44 @@ impl<'a> LockKey<'a> {
             .notify_keyspace_event(NotifyEvent::MODULE, event, &self.name);
     }
 
-    /// Finishes an operation: serves granted waiters, counts and notifies what happened, then
-    /// deletes the key if the lock is empty or updates its expiry and timer.
+    /// Finishes an operation: serves granted waiters, counts and notifies what happened,
+    /// propagates every changed holder, then deletes the key if the lock is empty or updates its
+    /// expiry and timer.
     pub fn commit(&mut self, events: Vec<Event>) {
+        let mut changed: Vec<Box<[u8]>> = Vec::with_capacity(events.len());
         for event in events {
             match event {
-                Event::Granted { waiter, token, .. } => {
+                Event::Granted {
+                    waiter,
+                    token,
+                    owner,
+                    ..
+                } => {
                     blocking::deliver_grant(waiter, token);
                     stats::count_grant();
                     self.notify("lock.acquire");
+                    changed.push(owner);
                 }
-                Event::Expired { .. } => {
+                Event::Expired { owner, .. } => {
                     stats::count_expirations(1);
                     self.notify("lock.expire");
+                    changed.push(owner);
                 }
+                Event::Updated { owner } => changed.push(owner),
             }
         }
         let Some(value) = self.raw.value::<LockValue>() else {
             return;
         };
+        if self.replicate && !changed.is_empty() {
+            changed.sort();
+            changed.dedup();
+            // Removals first, so a replica never sees a writer beside the readers it replaces.
+            changed.sort_by_key(|o| value.lock.holders().get(o).is_some());
+            for owner in &changed {
+                replication::replicate_owner(self.ctx, self.name.as_slice(), owner, &value.lock);
+            }
+        }
         if value.lock.is_empty() {
             self.raw.delete();
             return;

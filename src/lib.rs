@@ -14,6 +14,7 @@ pub mod lock;
 
 mod blocking;
 mod commands;
+mod config;
 mod datatype;
 mod expiry;
 mod ffi;
@@ -25,20 +26,27 @@ mod stats;
 
 #[cfg(not(test))]
 mod module {
+    use redis_module::configuration::ConfigurationFlags;
     use redis_module::{redis_module, Context, RedisString, Status};
 
     use crate::commands;
     use crate::datatype::LOCK_TYPE;
     use crate::ffi::{self, KeyAccess};
 
-    fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ffi::init_detached_context(ctx);
-        let commands: [(&str, i32, KeyAccess); 5] = [
+        let words: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        if let Err(e) = crate::config::apply_load_args(&words) {
+            ctx.log_warning(&format!("lock module: {e}"));
+            return Status::Err;
+        }
+        let commands: [(&str, i32, KeyAccess); 6] = [
             ("lock.acquire", -4, KeyAccess::ReadWrite),
             ("lock.rwread", -4, KeyAccess::ReadWrite),
             ("lock.release", -3, KeyAccess::ReadWrite),
             ("lock.extend", 4, KeyAccess::ReadWrite),
             ("lock.info", 2, KeyAccess::ReadOnly),
+            ("lock.sync", 8, KeyAccess::ReadWrite),
         ];
         for (name, arity, access) in commands {
             if let Err(e) = ffi::set_command_info(ctx, name, arity, access) {
@@ -72,6 +80,25 @@ mod module {
             ["lock.release", commands::release, "write fast", 1, 1, 1, ""],
             ["lock.extend", commands::extend, "write fast", 1, 1, 1, ""],
             ["lock.info", commands::info, "readonly fast", 1, 1, 1, ""],
+            ["lock.sync", commands::sync, "write fast", 1, 1, 1, ""],
         ],
+        configurations: [
+            i64: [
+                [
+                    "max-waiters",
+                    &crate::config::MAX_WAITERS,
+                    crate::config::DEFAULT_MAX_WAITERS,
+                    1,
+                    crate::config::MAX_MAX_WAITERS,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
+            ],
+            // The crate's macro wants every kind listed when any is.
+            string: [],
+            bool: [],
+            enum: [],
+            module_args_as_configuration: false,
+        ]
     }
 }

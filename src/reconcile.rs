@@ -92,9 +92,14 @@ fn run_timer(ctx: &Context, _: ()) {
     });
 }
 
-/// Settles every dirty key.
+/// Settles every dirty key. A replica settles nothing: it has no waiters and takes expiry from
+/// its master; a promotion marks every lock key dirty again.
 pub fn run_all(ctx: &Context) {
     let dirty = DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
+        EXPIRED.with(|e| e.borrow_mut().clear());
+        return;
+    }
     let original_db = ffi::selected_db(ctx);
     for (db, key) in dirty {
         if ffi::select_db(ctx, db) {

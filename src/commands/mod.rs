@@ -30,6 +30,8 @@ fn slices(args: &[RedisString]) -> Vec<&[u8]> {
 
 const NOT_OWNER: &str =
     "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
+const QUEUE_FULL: &str =
+    "MAXWAITERS the lock's wait queue is full (lock.max-waiters); retry later or raise the limit";
 const DEADLOCK: &str =
     "DEADLOCK the owner holds this lock shared and asked for it exclusively; release the read hold first";
 
@@ -56,10 +58,10 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
     let may_block = !ctx
         .get_flags()
         .intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
-    let wait_id = req.wait.filter(|_| may_block).map(|_| blocking::next_id());
-
     let mut lock_key = LockKey::open(ctx, key);
-    lock_key.existing_or_new()?;
+    let queue_full = lock_key.existing_or_new()?.lock.queue().len() >= crate::config::max_waiters();
+    let wants_to_wait = req.wait.is_some() && may_block;
+    let wait_id = (wants_to_wait && !queue_full).then(blocking::next_id);
     let outcome = lock_key
         .apply(|lock, step| lock.acquire(req.owner, mode, req.ttl, wait_id, step))
         .ok_or(RedisError::Str("ERR the lock key vanished"))?;
@@ -88,6 +90,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
                 Ok(RedisValue::Null)
             }
         }
+        Acquired::Busy if wants_to_wait && queue_full => Err(RedisError::Str(QUEUE_FULL)),
         Acquired::Busy => Ok(RedisValue::Null),
         Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
         Acquired::CountOverflow => Err(RedisError::Str("ERR hold count overflow")),
@@ -192,6 +195,13 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         );
         map.insert(field("queue"), RedisValue::Array(queue));
         Ok(RedisValue::OrderedMap(map))
+    })
+}
+
+/// LOCK.SYNC key owner count mode expires_at token fence (internal: replication and AOF).
+pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard("LOCK.SYNC", || {
+        crate::replication::sync_command(ctx, &slices(&args))
     })
 }
 

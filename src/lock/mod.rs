@@ -108,6 +108,9 @@ pub enum Event {
     },
     /// A holder's expiry passed and it was dropped.
     Expired { owner: Box<[u8]>, mode: Mode },
+    /// The operation itself created, changed or ended `owner`'s hold (a direct grant, a
+    /// re-entry, a release, an extend): its new state must reach replicas.
+    Updated { owner: Box<[u8]> },
 }
 
 /// The context of one operation: the time, the fencing counter, and where events go.
@@ -206,10 +209,16 @@ impl Lock {
             let token = held.token;
             let expires_at = step.now.saturating_add(ttl);
             self.holders.update(owner, count, expires_at);
+            step.events.push(Event::Updated {
+                owner: owner.into(),
+            });
             return Acquired::Granted { token, count };
         }
         if self.queue.is_empty() && self.compatible(mode) {
             let token = self.grant_new(owner, mode, ttl, step);
+            step.events.push(Event::Updated {
+                owner: owner.into(),
+            });
             return Acquired::Granted { token, count: 1 };
         }
         match wait {
@@ -239,6 +248,9 @@ impl Lock {
         self.expire(step);
         let held = self.holders.get(owner).ok_or(NotOwner)?;
         let remaining = if all { 0 } else { held.count.saturating_sub(1) };
+        step.events.push(Event::Updated {
+            owner: owner.into(),
+        });
         if remaining == 0 {
             self.holders.remove(owner);
             self.grant_waiters(step);
@@ -260,6 +272,9 @@ impl Lock {
         let count = self.holders.get(owner).ok_or(NotOwner)?.count;
         let expires_at = step.now.saturating_add(ttl);
         self.holders.update(owner, count, expires_at);
+        step.events.push(Event::Updated {
+            owner: owner.into(),
+        });
         Ok(expires_at)
     }
 

@@ -321,6 +321,7 @@ proptest! {
                         }
                     }
                     Event::Expired { owner, .. } => expiries.push(owner[1] - b'0'),
+                    Event::Updated { .. } => {}
                 }
             }
             if let Some(t) = direct_token {

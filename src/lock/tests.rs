@@ -45,8 +45,12 @@ impl Bench {
         self.run(|l, s| l.release(owner.as_bytes(), false, s))
     }
 
+    /// Grants and expiries since the last call (direct updates left out).
     fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Updated { .. }))
+            .collect()
     }
 
     fn granted_ids(&mut self) -> Vec<u64> {
@@ -54,7 +58,7 @@ impl Bench {
             .into_iter()
             .filter_map(|e| match e {
                 Event::Granted { waiter, .. } => Some(waiter.0),
-                Event::Expired { .. } => None,
+                Event::Expired { .. } | Event::Updated { .. } => None,
             })
             .collect()
     }
@@ -330,4 +334,30 @@ fn huge_ttl_does_not_overflow() {
         Acquired::Granted { .. }
     ));
     assert_eq!(b.lock.last_expiry(), Some(u64::MAX));
+}
+
+#[test]
+fn direct_changes_are_reported_for_replication() {
+    let mut b = Bench::new();
+    b.write("a");
+    b.release("a").unwrap();
+    b.run(|l, s| l.extend(b"nobody", 10, s)).unwrap_err();
+    b.write("b");
+    b.run(|l, s| l.extend(b"b", 10, s)).unwrap();
+    let updated: Vec<Vec<u8>> = std::mem::take(&mut b.events)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Updated { owner } => Some(owner.to_vec()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        updated,
+        vec![b"a".to_vec(), b"a".to_vec(), b"b".to_vec(), b"b".to_vec()]
+    );
+    assert_eq!(b.write("c"), Acquired::Busy);
+    assert!(
+        b.events.is_empty(),
+        "a refused request changes nothing and reports nothing"
+    );
 }

@@ -1,0 +1,52 @@
+//! Module configuration (`CONFIG GET/SET lock.<name>`, or `loadmodule ... <name> <value>`).
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// `lock.max-waiters`: how many clients may queue on one lock. A request that would queue
+/// beyond it gets an error instead of blocking.
+pub static MAX_WAITERS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS);
+pub const DEFAULT_MAX_WAITERS: i64 = 100_000;
+pub const MAX_MAX_WAITERS: i64 = 1 << 31;
+
+pub fn max_waiters() -> usize {
+    usize::try_from(MAX_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+}
+
+/// Applies `loadmodule <path> [max-waiters N]` arguments. (In redis.conf, `lock.max-waiters N`
+/// after the loadmodule line works too, through Redis's own module config loading.)
+pub fn apply_load_args(args: &[&[u8]]) -> Result<(), String> {
+    let mut rest = args;
+    while let [name, value, tail @ ..] = rest {
+        if !name.eq_ignore_ascii_case(b"max-waiters") {
+            return Err(format!(
+                "unknown module argument {:?}",
+                String::from_utf8_lossy(name)
+            ));
+        }
+        let n = crate::commands::parse::parse_i64(value)
+            .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
+            .ok_or_else(|| format!("max-waiters must be an integer from 1 to {MAX_MAX_WAITERS}"))?;
+        MAX_WAITERS.store(n, Ordering::Relaxed);
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err("module arguments come in name value pairs".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_arguments_are_validated() {
+        assert!(apply_load_args(&[]).is_ok());
+        assert!(apply_load_args(&[b"max-waiters", b"0"]).is_err());
+        assert!(apply_load_args(&[b"max-waiters"]).is_err());
+        assert!(apply_load_args(&[b"other", b"1"]).is_err());
+        assert!(apply_load_args(&[b"max-waiters", b"12"]).is_ok());
+        assert_eq!(max_waiters(), 12);
+        MAX_WAITERS.store(DEFAULT_MAX_WAITERS, Ordering::Relaxed);
+    }
+}
