@@ -3,11 +3,13 @@
 //! Every change to a holder is propagated as one internal command that states the holder's
 //! absolute state after the change:
 //!
-//! `LOCK.SYNC key owner count mode expires_at token fence`
+//! `LOCK.SYNC key owner count mode expires_at token fence counter`
 //!
 //! `count` 0 removes the owner (release, expiry, a rolled-back grant); otherwise the owner holds
 //! the lock in `mode` (`write` or `read`) until the absolute Unix time `expires_at` (ms) with
-//! fencing token `token`; `fence` is the key's last granted token. Applying it needs no clock
+//! fencing token `token`; `fence` is the key's last granted token and `counter` the module-wide
+//! fencing counter (so it survives even when the key that got the last token is gone).
+//! Applying it needs no clock
 //! and no queue, so a replica or an AOF replay ends in the master's state, and every token it
 //! sees raises its fencing counter, which keeps tokens increasing after a promotion.
 //! `LOCK.SYNC` is refused from ordinary clients: only the replication link and AOF loading may
@@ -40,6 +42,7 @@ pub fn sync_args(key: &[u8], owner: &[u8], lock: &Lock) -> Vec<Vec<u8>> {
         expires_at.to_string().into_bytes(),
         token.to_string().into_bytes(),
         lock.fence().to_string().into_bytes(),
+        stats::last_token().to_string().into_bytes(),
     ]
 }
 
@@ -57,11 +60,12 @@ pub struct Sync<'a> {
     /// `None` removes the owner.
     pub holder: Option<Holder>,
     pub fence: u64,
+    pub counter: u64,
 }
 
-/// Parses `owner count mode expires_at token fence`.
+/// Parses `owner count mode expires_at token fence counter`.
 pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
-    let [owner, count, mode, expires_at, token, fence] = args else {
+    let [owner, count, mode, expires_at, token, fence, counter] = args else {
         return Err(ArgError::Arity);
     };
     let number = |b: &[u8]| {
@@ -83,6 +87,7 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
     let expires_at = number(expires_at)?;
     let token = number(token)?;
     let fence = number(fence)?;
+    let counter = number(counter)?;
     let holder = (count > 0).then_some(Holder {
         mode,
         count,
@@ -93,10 +98,11 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
         owner,
         holder,
         fence,
+        counter,
     })
 }
 
-/// `LOCK.SYNC key owner count mode expires_at token fence`: applies a master's effect.
+/// `LOCK.SYNC key owner count mode expires_at token fence counter`: applies a master's effect.
 pub fn sync_command(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     let [_, key, rest @ ..] = args else {
         return Err(RedisError::WrongArity);
@@ -122,6 +128,7 @@ pub fn sync_command(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     }
     lock_key.apply_exact(|lock| {
         stats::with_fences(|fences| {
+            fences.observe(sync.counter);
             lock.restore_fence(sync.fence, fences);
             match sync.holder {
                 Some(h) => lock.restore_holder(sync.owner, h, fences),
@@ -140,10 +147,11 @@ pub fn sync_command(ctx: &Context, args: &[&[u8]]) -> RedisResult {
 
 /// AOF rewrite: one `LOCK.SYNC` per holder rebuilds the value.
 pub fn rewrite(io: *mut raw::RedisModuleIO, key: &[u8], value: &LockValue) {
-    let (Ok(command), Ok(format)) = (CString::new(SYNC_COMMAND), CString::new("bblclll")) else {
+    let (Ok(command), Ok(format)) = (CString::new(SYNC_COMMAND), CString::new("bblcllll")) else {
         return;
     };
     let fence = value.lock.fence();
+    let counter = stats::last_token();
     for (owner, h) in value.lock.holders().iter() {
         let mode = match h.mode {
             Mode::Write => c"write",
@@ -167,6 +175,7 @@ pub fn rewrite(io: *mut raw::RedisModuleIO, key: &[u8], value: &LockValue) {
                     as_ll(h.expires_at),
                     as_ll(h.token),
                     as_ll(fence),
+                    as_ll(counter),
                 );
             }
         }
@@ -201,7 +210,7 @@ mod tests {
 
     #[test]
     fn sync_rejects_malformed_arguments() {
-        let ok: [&[u8]; 6] = [b"o", b"1", b"write", b"10", b"1", b"1"];
+        let ok: [&[u8]; 7] = [b"o", b"1", b"write", b"10", b"1", b"1", b"3"];
         assert!(parse_sync(&ok).is_ok());
         let mut bad = ok;
         bad[2] = b"exclusive";
@@ -212,6 +221,6 @@ mod tests {
         let mut bad = ok;
         bad[0] = b"";
         assert_eq!(parse_sync(&bad), Err(ArgError::Owner));
-        assert_eq!(parse_sync(&ok[..5]), Err(ArgError::Arity));
+        assert_eq!(parse_sync(&ok[..6]), Err(ArgError::Arity));
     }
 }

@@ -198,7 +198,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// LOCK.SYNC key owner count mode expires_at token fence (internal: replication and AOF).
+/// LOCK.SYNC key owner count mode expires_at token fence counter (internal: replication and AOF).
 pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard("LOCK.SYNC", || {
         crate::replication::sync_command(ctx, &slices(&args))

@@ -26,6 +26,7 @@ pub struct Server {
     child: Child,
     pub port: u16,
     pub dir: PathBuf,
+    extra: Vec<String>,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -43,14 +44,9 @@ impl Server {
         Self::start_with(&[])
     }
 
-    /// Starts a server with extra `--name value` arguments.
+    /// Starts a server with extra `--name value` arguments (they override the defaults:
+    /// no persistence, loopback only).
     pub fn start_with(extra: &[&str]) -> Server {
-        let module = module_path();
-        assert!(
-            module.exists(),
-            "module not built at {} (run `make test`, or `cargo build --features test-hooks`)",
-            module.display()
-        );
         let dir = std::env::temp_dir().join(format!(
             "redis-lock-test-{}-{}",
             std::process::id(),
@@ -58,40 +54,45 @@ impl Server {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _attempt in 0..5 {
             let port = free_port();
-            let mut cmd = Command::new("redis-server");
-            cmd.arg("--port")
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .arg("--loadmodule")
-                .arg(&module)
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            let mut child = cmd
-                .spawn()
-                .expect("cannot start redis-server (is it installed? `make test` installs it)");
-            let deadline = Instant::now() + PATIENCE;
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // exited: port taken or bad args; try another port
-                }
-                if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
-                    if let Ok(mut c) = client.get_connection() {
-                        if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                            return Server { child, port, dir };
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            if let Some(child) = spawn(port, &dir, &extra) {
+                return Server {
+                    child,
+                    port,
+                    dir,
+                    extra,
+                };
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!("redis-server did not start");
+    }
+
+    /// Kills the server with SIGKILL (no shutdown save) and starts it again on the same port
+    /// and directory with the same arguments: what survives is what was on disk.
+    pub fn crash_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(child) = spawn(self.port, &self.dir, &self.extra) {
+                self.child = child;
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not restart");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends a signal (STOP, CONT) to the server process.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
     }
 
     pub fn client(&self) -> Connection {
@@ -107,6 +108,47 @@ impl Server {
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+}
+
+/// Starts redis-server and waits until it answers PING (loading done); None if it exits.
+fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
+    let module = module_path();
+    assert!(
+        module.exists(),
+        "module not built at {} (run `make test`, or `cargo build --features test-hooks`)",
+        module.display()
+    );
+    let mut cmd = Command::new("redis-server");
+    cmd.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--loadmodule")
+        .arg(&module)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd
+        .spawn()
+        .expect("cannot start redis-server (is it installed? `make test` installs it)");
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
+            if let Ok(mut c) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return Some(child);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 impl Drop for Server {

@@ -1,0 +1,552 @@
+//! Nothing lost: RDB and AOF restarts (with SIGKILL), AOF rewrite, replicas and promotion,
+//! DUMP/RESTORE/COPY/DEBUG RELOAD, ACL, INFO figures, keyspace events, the waiter bound.
+
+mod common;
+
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+
+/// What must survive for one key: holders with counts (sorted), and the key's fence.
+fn state(c: &mut Connection, key: &str) -> (Vec<(String, i64)>, i64) {
+    (holders(c, key), info_int(c, key, "fence"))
+}
+
+/// Builds a mixed state: an exclusive holder with count 2, two readers (one re-entered), a key
+/// whose lock came and went (its tokens must still count), and returns the largest token.
+fn build_state(c: &mut Connection) -> i64 {
+    let mut max = 0;
+    for words in [
+        vec!["LOCK.ACQUIRE", "w", "writer", "600000"],
+        vec!["LOCK.ACQUIRE", "w", "writer", "600000"],
+        vec!["LOCK.RWREAD", "r", "reader-1", "600000"],
+        vec!["LOCK.RWREAD", "r", "reader-2", "600000"],
+        vec!["LOCK.RWREAD", "r", "reader-1", "600000"],
+        vec!["LOCK.ACQUIRE", "gone", "x", "600000"],
+    ] {
+        max = max.max(int(c, &words));
+    }
+    assert_eq!(int(c, &["LOCK.RELEASE", "gone", "x"]), 0);
+    max
+}
+
+fn assert_state_survived(
+    c: &mut Connection,
+    before_w: &(Vec<(String, i64)>, i64),
+    before_r: &(Vec<(String, i64)>, i64),
+    max_token: i64,
+) {
+    assert_eq!(&state(c, "w"), before_w);
+    assert_eq!(&state(c, "r"), before_r);
+    assert_eq!(int(c, &["EXISTS", "gone"]), 0);
+    let pttl = int(c, &["PTTL", "w"]);
+    assert!(pttl > 500_000, "absolute expiry lost: PTTL {pttl}");
+    assert!(
+        is_nil(c, &["LOCK.ACQUIRE", "w", "intruder", "1000"]),
+        "the writer's hold was lost"
+    );
+    let next = int(c, &["LOCK.ACQUIRE", "fresh", "someone", "1000"]);
+    assert!(
+        next > max_token,
+        "token {next} not above {max_token} after restart"
+    );
+}
+
+fn restart_round_trip(extra: &[&str], persist: &str) {
+    let mut server = Server::start_with(extra);
+    let mut c = server.client();
+    let max = build_state(&mut c);
+    let w = state(&mut c, "w");
+    let r = state(&mut c, "r");
+    match persist {
+        "save" => {
+            query(&mut c, &["SAVE"]).unwrap();
+        }
+        "bgrewriteaof" => {
+            query(&mut c, &["BGREWRITEAOF"]).unwrap();
+            wait_until("AOF rewrite finished", || {
+                let text: String = redis::cmd("INFO").arg("persistence").query(&mut c).unwrap();
+                text.contains("aof_rewrite_in_progress:0")
+                    && text.contains("aof_rewrite_scheduled:0")
+            });
+            // Something after the rewrite, appended to the new AOF.
+            int(&mut c, &["LOCK.RWREAD", "r", "reader-2", "600000"]);
+            int(&mut c, &["LOCK.RELEASE", "r", "reader-2"]);
+        }
+        _ => {}
+    }
+    drop(c);
+    server.crash_and_restart();
+    let mut c = server.client();
+    assert_state_survived(&mut c, &w, &r, max);
+}
+
+#[test]
+fn rdb_snapshot_restart_keeps_holders_expiries_and_fences() {
+    restart_round_trip(&[], "save");
+}
+
+#[test]
+fn aof_without_preamble_kill_9_restart_loses_no_grant() {
+    restart_round_trip(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+        "none",
+    );
+}
+
+#[test]
+fn aof_with_preamble_kill_9_restart_loses_no_grant() {
+    restart_round_trip(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "yes",
+        ],
+        "none",
+    );
+}
+
+#[test]
+fn aof_rewrite_without_preamble_then_restart() {
+    restart_round_trip(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+        "bgrewriteaof",
+    );
+}
+
+#[test]
+fn aof_rewrite_with_preamble_then_restart() {
+    restart_round_trip(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "yes",
+        ],
+        "bgrewriteaof",
+    );
+}
+
+#[test]
+fn a_blocked_waiters_grant_reaches_the_aof() {
+    let mut server = Server::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--aof-use-rdb-preamble",
+        "no",
+    ]);
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "bw", "holder", "600000"]);
+    let mut w = server.client();
+    let waiter = thread::spawn(move || {
+        int(
+            &mut w,
+            &["LOCK.ACQUIRE", "bw", "heir", "600000", "WAIT", "0"],
+        )
+    });
+    wait_until("queued", || waiting(&mut c, "bw") == 1);
+    int(&mut c, &["LOCK.RELEASE", "bw", "holder"]);
+    let token = waiter.join().unwrap();
+    drop(c);
+    server.crash_and_restart();
+    let mut c = server.client();
+    assert_eq!(holders(&mut c, "bw"), vec![("heir".to_string(), 1)]);
+    assert_eq!(info_int(&mut c, "bw", "fence"), token);
+}
+
+#[test]
+fn loaded_holders_still_expire_one_by_one() {
+    let mut server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.RWREAD", "lx", "short", "1500"]);
+    int(&mut c, &["LOCK.RWREAD", "lx", "long", "600000"]);
+    query(&mut c, &["SAVE"]).unwrap();
+    drop(c);
+    server.crash_and_restart();
+    let mut c = server.client();
+    assert_eq!(info_field(&mut c, "readers"), 2);
+    wait_until("the short reader expired after the restart", || {
+        info_field(&mut c, "readers") == 1 && info_field(&mut c, "expirations_total") == 1
+    });
+    assert_eq!(holders(&mut c, "lx"), vec![("long".to_string(), 1)]);
+}
+
+#[test]
+fn lock_sync_is_refused_from_clients() {
+    let server = Server::start();
+    let mut c = server.client();
+    let e = err(
+        &mut c,
+        &[
+            "LOCK.SYNC",
+            "k",
+            "o",
+            "1",
+            "write",
+            "99999999999999",
+            "5",
+            "5",
+            "5",
+        ],
+    );
+    assert!(e.contains("internal"), "{e}");
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+}
+
+fn wait_for_link(replica: &mut Connection) {
+    wait_until("replica linked", || {
+        let text: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(replica)
+            .unwrap();
+        text.contains("master_link_status:up")
+    });
+}
+
+fn replicate(master: &mut Connection) {
+    let acked = int(master, &["WAIT", "1", "5000"]);
+    assert_eq!(acked, 1, "replica did not acknowledge");
+}
+
+fn master_and_replica() -> (Server, Server) {
+    let master = Server::start_with(&["--enable-debug-command", "yes"]);
+    let port = master.port.to_string();
+    let replica = Server::start_with(&[
+        "--enable-debug-command",
+        "yes",
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+    ]);
+    let mut r = replica.client();
+    wait_for_link(&mut r);
+    (master, replica)
+}
+
+#[test]
+fn a_replica_has_the_same_holders_and_fences_and_refuses_writes() {
+    let (master, replica) = master_and_replica();
+    let mut m = master.client();
+    let mut r = replica.client();
+    build_state(&mut m);
+    // A waiter granted by a release must reach the replica too.
+    int(&mut m, &["LOCK.ACQUIRE", "q", "holder", "600000"]);
+    let mut w = master.client();
+    let waiter = thread::spawn(move || {
+        int(
+            &mut w,
+            &["LOCK.ACQUIRE", "q", "heir", "600000", "WAIT", "0"],
+        )
+    });
+    wait_until("queued", || waiting(&mut m, "q") == 1);
+    int(&mut m, &["LOCK.RELEASE", "q", "holder"]);
+    waiter.join().unwrap();
+    replicate(&mut m);
+    for key in ["w", "r", "q"] {
+        assert_eq!(state(&mut r, key), state(&mut m, key), "{key}");
+    }
+    assert_eq!(int(&mut r, &["EXISTS", "gone"]), 0);
+    let dm: String = redis::cmd("DEBUG").arg("DIGEST").query(&mut m).unwrap();
+    let dr: String = redis::cmd("DEBUG").arg("DIGEST").query(&mut r).unwrap();
+    assert_eq!(
+        dm, dr,
+        "datasets differ (holders, counts, absolute expiries, tokens)"
+    );
+    let e = err(&mut r, &["LOCK.ACQUIRE", "w", "x", "1000"]);
+    assert!(e.starts_with("READONLY"), "{e}");
+    let e = err(&mut r, &["LOCK.RELEASE", "w", "writer"]);
+    assert!(e.starts_with("READONLY"), "{e}");
+}
+
+#[test]
+fn a_replica_never_expires_holders_by_its_own_clock() {
+    let (master, replica) = master_and_replica();
+    let mut m = master.client();
+    let mut r = replica.client();
+    int(&mut m, &["LOCK.RWREAD", "e", "brief", "800"]);
+    replicate(&mut m);
+    assert_eq!(info_field(&mut r, "readers"), 1);
+    master.signal("STOP");
+    thread::sleep(Duration::from_millis(1500));
+    let readers = info_field(&mut r, "readers");
+    let expired = info_field(&mut r, "expirations_total");
+    master.signal("CONT");
+    assert_eq!(
+        (readers, expired),
+        (1, 0),
+        "the replica dropped a holder on its own"
+    );
+    wait_until("the master's expiry reached the replica", || {
+        info_field(&mut r, "readers") == 0
+    });
+    assert_eq!(int(&mut r, &["EXISTS", "e"]), 0);
+}
+
+#[test]
+fn a_promoted_replica_continues_fences_above_every_token_and_expires_holders() {
+    let (master, replica) = master_and_replica();
+    let mut m = master.client();
+    let mut r = replica.client();
+    let max = build_state(&mut m);
+    int(&mut m, &["LOCK.RWREAD", "soon", "brief", "1500"]);
+    replicate(&mut m);
+    drop(master);
+    query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
+    let next = int(&mut r, &["LOCK.ACQUIRE", "after-failover", "me", "10000"]);
+    assert!(next > max, "token {next} not above {max}");
+    assert!(is_nil(&mut r, &["LOCK.ACQUIRE", "w", "intruder", "1000"]));
+    wait_until("the promoted node expires holders itself", || {
+        info_field(&mut r, "expirations_total") >= 1 && int(&mut r, &["EXISTS", "soon"]) == 0
+    });
+}
+
+#[test]
+fn dump_restore_copy_and_debug_reload_keep_the_lock() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "src", "me", "600000"]);
+    int(&mut c, &["LOCK.ACQUIRE", "src", "me", "600000"]);
+    let before = state(&mut c, "src");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("src").query(&mut c).unwrap();
+    redis::cmd("RESTORE")
+        .arg("copy1")
+        .arg(0)
+        .arg(dump)
+        .query::<()>(&mut c)
+        .unwrap();
+    assert_eq!(state(&mut c, "copy1"), before);
+    assert_eq!(int(&mut c, &["COPY", "src", "copy2"]), 1);
+    assert_eq!(state(&mut c, "copy2"), before);
+    let mem = int(&mut c, &["MEMORY", "USAGE", "src"]);
+    assert!(mem > 0);
+    let d1: String = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg("src")
+        .query::<Vec<String>>(&mut c)
+        .unwrap()
+        .remove(0);
+    let d2: String = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg("copy2")
+        .query::<Vec<String>>(&mut c)
+        .unwrap()
+        .remove(0);
+    assert_eq!(d1, d2);
+    assert_ne!(d1, "0000000000000000000000000000000000000000");
+    query(&mut c, &["DEBUG", "RELOAD"]).unwrap();
+    assert_eq!(state(&mut c, "src"), before);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "src", "me", "ALL"]), 0);
+}
+
+#[test]
+fn unlink_flushdb_and_restore_over_a_lock_serve_its_waiters() {
+    let server = Server::start();
+    let mut c = server.client();
+    for (i, how) in ["UNLINK", "FLUSHDB", "RESTORE"].into_iter().enumerate() {
+        let key = format!("k{i}");
+        int(&mut c, &["LOCK.ACQUIRE", &key, "holder", "600000"]);
+        let mut w = server.client();
+        let k = key.clone();
+        let waiter = thread::spawn(move || {
+            query(&mut w, &["LOCK.ACQUIRE", &k, "heir", "600000", "WAIT", "0"])
+        });
+        wait_until("queued", || waiting(&mut c, &key) == 1);
+        match how {
+            "UNLINK" => {
+                int(&mut c, &["UNLINK", &key]);
+            }
+            "FLUSHDB" => {
+                query(&mut c, &["FLUSHDB"]).unwrap();
+            }
+            _ => {
+                query(&mut c, &["SET", "plain", "v"]).unwrap();
+                let dump: Vec<u8> = redis::cmd("DUMP").arg("plain").query(&mut c).unwrap();
+                redis::cmd("RESTORE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(dump)
+                    .arg("REPLACE")
+                    .query::<()>(&mut c)
+                    .unwrap();
+            }
+        }
+        let reply = waiter.join().unwrap();
+        if how == "RESTORE" {
+            assert_eq!(reply.unwrap_err().code(), Some("WRONGTYPE"));
+        } else {
+            assert!(matches!(reply, Ok(Value::Int(_))), "{how}: {reply:?}");
+            assert_eq!(
+                holders(&mut c, &key),
+                vec![("heir".to_string(), 1)],
+                "{how}"
+            );
+        }
+    }
+}
+
+#[test]
+fn acl_key_patterns_apply_to_lock_commands() {
+    let server = Server::start();
+    let mut c = server.client();
+    query(
+        &mut c,
+        &["ACL", "SETUSER", "app", "on", ">secret", "~app:*", "+@all"],
+    )
+    .unwrap();
+    let mut u = server.client();
+    query(&mut u, &["AUTH", "app", "secret"]).unwrap();
+    assert!(matches!(
+        query(&mut u, &["LOCK.ACQUIRE", "app:1", "me", "1000"]),
+        Ok(Value::Int(_))
+    ));
+    for words in [
+        vec!["LOCK.ACQUIRE", "other:1", "me", "1000"],
+        vec!["LOCK.RWREAD", "other:1", "me", "1000"],
+        vec!["LOCK.RELEASE", "other:1", "me"],
+        vec!["LOCK.EXTEND", "other:1", "me", "1000"],
+        vec!["LOCK.INFO", "other:1"],
+    ] {
+        let e = err(&mut u, &words);
+        assert!(e.starts_with("NOPERM"), "{words:?}: {e}");
+    }
+    assert_eq!(int(&mut c, &["EXISTS", "other:1"]), 0);
+}
+
+#[test]
+fn info_lock_reports_every_figure() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "a", "w", "600000"]);
+    int(&mut c, &["LOCK.RWREAD", "b", "r1", "600000"]);
+    int(&mut c, &["LOCK.RWREAD", "b", "r2", "600000"]);
+    int(&mut c, &["LOCK.RWREAD", "c", "brief", "50"]);
+    assert!(is_nil(
+        &mut c,
+        &["LOCK.ACQUIRE", "a", "x", "1000", "WAIT", "50"]
+    ));
+    let mut w = server.client();
+    let waiter =
+        thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "a", "y", "1000", "WAIT", "0"]));
+    wait_until("queued", || waiting(&mut c, "a") == 1);
+    wait_until("brief reader expired", || {
+        info_field(&mut c, "expirations_total") == 1
+    });
+    assert_eq!(info_field(&mut c, "locks_held"), 2);
+    assert_eq!(info_field(&mut c, "writers"), 1);
+    assert_eq!(info_field(&mut c, "readers"), 2);
+    assert_eq!(info_field(&mut c, "waiters"), 1);
+    assert_eq!(info_field(&mut c, "grants_total"), 4);
+    assert_eq!(info_field(&mut c, "timeouts_total"), 1);
+    int(&mut c, &["LOCK.RELEASE", "a", "w"]);
+    waiter.join().unwrap();
+    assert_eq!(info_field(&mut c, "grants_total"), 5);
+    assert_eq!(info_field(&mut c, "waiters"), 0);
+}
+
+#[test]
+fn keyspace_events_for_acquire_release_and_expire() {
+    let server = Server::start_with(&["--notify-keyspace-events", "Ed"]);
+    let mut c = server.client();
+    let mut sub = server.client();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.psubscribe("__keyevent@0__:lock.*").unwrap();
+    pubsub.set_read_timeout(Some(PATIENCE)).unwrap();
+    int(&mut c, &["LOCK.ACQUIRE", "ev", "a", "100000"]);
+    int(&mut c, &["LOCK.RELEASE", "ev", "a"]);
+    int(&mut c, &["LOCK.ACQUIRE", "ev", "b", "50"]);
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let msg = pubsub.get_message().expect("event");
+        let payload: String = msg.get_payload().unwrap();
+        seen.push((msg.get_channel_name().to_string(), payload));
+    }
+    let names: Vec<&str> = seen
+        .iter()
+        .map(|(ch, _)| ch.rsplit(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "lock.acquire",
+            "lock.release",
+            "lock.acquire",
+            "lock.expire"
+        ]
+    );
+    assert!(seen.iter().all(|(_, key)| key == "ev"));
+}
+
+#[test]
+fn the_wait_queue_bound_is_enforced_and_configurable() {
+    let server = Server::start_with(&["--lock.max-waiters", "2"]);
+    let mut c = server.client();
+    assert_eq!(
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("lock.max-waiters")
+            .query::<Vec<String>>(&mut c)
+            .unwrap(),
+        vec!["lock.max-waiters".to_string(), "2".to_string()]
+    );
+    int(&mut c, &["LOCK.ACQUIRE", "mw", "holder", "600000"]);
+    let mut handles = Vec::new();
+    for i in 1..=2 {
+        let mut w = server.client();
+        handles.push(thread::spawn(move || {
+            query(
+                &mut w,
+                &[
+                    "LOCK.ACQUIRE",
+                    "mw",
+                    &format!("w{i}"),
+                    "1000",
+                    "WAIT",
+                    "2000",
+                ],
+            )
+        }));
+        wait_until("queued", || waiting(&mut c, "mw") == i);
+    }
+    let e = err(&mut c, &["LOCK.ACQUIRE", "mw", "w3", "1000", "WAIT", "0"]);
+    assert!(e.starts_with("MAXWAITERS"), "{e}");
+    assert!(
+        is_nil(&mut c, &["LOCK.ACQUIRE", "mw", "w3", "1000"]),
+        "without WAIT it is a plain no"
+    );
+    assert_eq!(waiting(&mut c, "mw"), 2);
+    query(&mut c, &["CONFIG", "SET", "lock.max-waiters", "3"]).unwrap();
+    let mut w3 = server.client();
+    handles.push(thread::spawn(move || {
+        query(
+            &mut w3,
+            &["LOCK.ACQUIRE", "mw", "w3", "1000", "WAIT", "2000"],
+        )
+    }));
+    wait_until("third queued", || waiting(&mut c, "mw") == 3);
+    assert!(err(&mut c, &["CONFIG", "SET", "lock.max-waiters", "0"]).contains("between 1 and"));
+    for h in handles {
+        let _ = h.join().unwrap();
+    }
+}
