@@ -579,9 +579,11 @@ pub extern "C" fn on_flush_event(
     });
 }
 
-/// SWAPDB: whole databases change index under the waiters and timers.
+/// SWAPDB: whole databases change index under the waiters and timers. Every lock key now in
+/// either database is settled (its timer re-armed where the key now is), and so is every key
+/// that waiters were queued on.
 pub extern "C" fn on_swapdb_event(
-    _ctx: *mut raw::RedisModuleCtx,
+    ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
     _sub: u64,
     data: *mut c_void,
@@ -590,8 +592,88 @@ pub extern "C" fn on_swapdb_event(
         // SAFETY: for the SwapDB event Redis passes a RedisModuleSwapDbInfoV1.
         if let Some(i) = unsafe { (data as *const SwapDbInfo).as_ref() } {
             crate::reconcile::on_swapdb(i.first, i.second);
+            let context = Context::new(ctx);
+            for_each_lock_key(&context, &[i.first, i.second], crate::reconcile::mark_dirty);
         }
     });
+}
+
+/// REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER (a macro bindgen does not export).
+const NOW_MASTER: u64 = 0;
+
+/// A replica became a master: its lock keys need timers now (a replica never arms them).
+pub extern "C" fn on_role_event(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    sub: u64,
+    _data: *mut c_void,
+) {
+    crate::guard::guard_silent("role change event", || {
+        if sub == NOW_MASTER {
+            let context = Context::new(ctx);
+            for_each_lock_key(&context, &[], crate::reconcile::mark_dirty);
+        }
+    });
+}
+
+/// Calls `f(db, key)` for every lock key of databases `dbs` (all when empty): a full SCAN of
+/// those databases, used on promotion and SWAPDB only.
+pub fn for_each_lock_key(ctx: &Context, dbs: &[i32], mut f: impl FnMut(i32, &[u8])) {
+    struct Found {
+        lock_type: *mut raw::RedisModuleType,
+        keys: Vec<Vec<u8>>,
+    }
+    /// Called by RedisModule_Scan for each key, on the main thread, during the scan call.
+    extern "C" fn collect(
+        _ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        key: *mut raw::RedisModuleKey,
+        privdata: *mut c_void,
+    ) {
+        // SAFETY: privdata is the &mut Found passed to Scan below, alive during the scan; key
+        // is the key Redis opened for this callback only.
+        unsafe {
+            let Some(found) = (privdata as *mut Found).as_mut() else {
+                return;
+            };
+            if key.is_null() {
+                return;
+            }
+            let mt = raw::RedisModule_ModuleTypeGetType.map_or(ptr::null_mut(), |g| g(key));
+            if mt == found.lock_type {
+                found.keys.push(string_bytes(name).to_vec());
+            }
+        }
+    }
+    let original = selected_db(ctx);
+    let mut db = 0;
+    while select_db(ctx, db) {
+        if dbs.is_empty() || dbs.contains(&db) {
+            let mut found = Found {
+                lock_type: crate::datatype::lock_type(),
+                keys: Vec::new(),
+            };
+            // SAFETY: the cursor is created and destroyed here; ctx is live; Scan calls
+            // `collect` synchronously with our privdata.
+            unsafe {
+                if let (Some(create), Some(scan), Some(destroy)) = (
+                    raw::RedisModule_ScanCursorCreate,
+                    raw::RedisModule_Scan,
+                    raw::RedisModule_ScanCursorDestroy,
+                ) {
+                    let cursor = create();
+                    let privdata = &mut found as *mut Found as *mut c_void;
+                    while scan(ctx.ctx, cursor, Some(collect), privdata) != 0 {}
+                    destroy(cursor);
+                }
+            }
+            for key in found.keys {
+                f(db, &key);
+            }
+        }
+        db += 1;
+    }
+    select_db(ctx, original);
 }
 
 /// End of RDB/AOF loading: settle the keys loaded (timers, expiry).
@@ -612,10 +694,14 @@ pub extern "C" fn on_loading_event(
 pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
     type Callback =
         unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
-    let events: [(u64, Callback); 3] = [
+    let events: [(u64, Callback); 4] = [
         (raw::REDISMODULE_EVENT_FLUSHDB, on_flush_event),
         (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb_event),
         (raw::REDISMODULE_EVENT_LOADING, on_loading_event),
+        (
+            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+            on_role_event,
+        ),
     ];
     for (id, cb) in events {
         let event = raw::RedisModuleEvent { id, dataver: 1 };

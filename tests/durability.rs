@@ -310,16 +310,20 @@ fn a_promoted_replica_continues_fences_above_every_token_and_expires_holders() {
     let mut m = master.client();
     let mut r = replica.client();
     let max = build_state(&mut m);
+    // Two readers with different expiries: the key's own Redis expiry (the last holder's)
+    // cannot drop the first one; only the module's timer can.
     int(&mut m, &["LOCK.RWREAD", "soon", "brief", "1500"]);
+    int(&mut m, &["LOCK.RWREAD", "soon", "lasting", "600000"]);
     replicate(&mut m);
     drop(master);
     query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
     let next = int(&mut r, &["LOCK.ACQUIRE", "after-failover", "me", "10000"]);
     assert!(next > max, "token {next} not above {max}");
     assert!(is_nil(&mut r, &["LOCK.ACQUIRE", "w", "intruder", "1000"]));
-    wait_until("the promoted node expires holders itself", || {
-        info_field(&mut r, "expirations_total") >= 1 && int(&mut r, &["EXISTS", "soon"]) == 0
+    wait_until("the promoted node expires holders by its own timer", || {
+        info_field(&mut r, "expirations_total") == 1
     });
+    assert_eq!(holders(&mut r, "soon"), vec![("lasting".to_string(), 1)]);
 }
 
 #[test]
@@ -548,5 +552,36 @@ fn the_wait_queue_bound_is_enforced_and_configurable() {
     assert!(err(&mut c, &["CONFIG", "SET", "lock.max-waiters", "0"]).contains("between 1 and"));
     for h in handles {
         let _ = h.join().unwrap();
+    }
+}
+
+#[test]
+fn move_and_swapdb_carry_the_lock_and_its_timer() {
+    let server = Server::start();
+    let mut c = server.client();
+    for (i, how) in ["MOVE", "SWAPDB"].into_iter().enumerate() {
+        let key = format!("mv{i}");
+        int(&mut c, &["LOCK.RWREAD", &key, "short", "300"]);
+        int(&mut c, &["LOCK.RWREAD", &key, "long", "600000"]);
+        if how == "MOVE" {
+            assert_eq!(int(&mut c, &["MOVE", &key, "1"]), 1);
+        } else {
+            query(&mut c, &["SWAPDB", "0", "1"]).unwrap();
+        }
+        let expired = i as u64 + 1;
+        wait_until("the short reader expired in database 1", || {
+            info_field(&mut c, "expirations_total") == expired && info_field(&mut c, "readers") == 1
+        });
+        query(&mut c, &["SELECT", "1"]).unwrap();
+        assert_eq!(
+            holders(&mut c, &key),
+            vec![("long".to_string(), 1)],
+            "{how}"
+        );
+        assert_eq!(int(&mut c, &["LOCK.RELEASE", &key, "long"]), 0);
+        query(&mut c, &["SELECT", "0"]).unwrap();
+        if how == "SWAPDB" {
+            query(&mut c, &["SWAPDB", "0", "1"]).unwrap();
+        }
     }
 }
