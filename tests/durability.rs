@@ -585,3 +585,86 @@ fn move_and_swapdb_carry_the_lock_and_its_timer() {
         }
     }
 }
+
+/// Redis's CRC-64 (Jones polynomial, reflected, as in its crc64.c), for forging DUMP payloads.
+fn crc64(data: &[u8]) -> u64 {
+    const POLY: u64 = 0x95ac_9329_ac4b_c9b5;
+    let mut crc = 0u64;
+    for &b in data {
+        crc ^= u64::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ POLY
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+
+/// Replaces the trailing checksum of a DUMP payload.
+fn reseal(mut payload: Vec<u8>) -> Vec<u8> {
+    let body = payload.len() - 8;
+    let crc = crc64(&payload[..body]);
+    payload[body..].copy_from_slice(&crc.to_le_bytes());
+    payload
+}
+
+#[test]
+fn a_corrupt_lock_payload_is_refused_cleanly() {
+    assert_eq!(
+        crc64(b"123456789"),
+        0xe9c6_d914_c4b8_d9ca,
+        "CRC-64 check value"
+    );
+    let mut server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "src", "o", "600000"]);
+    let good: Vec<u8> = redis::cmd("DUMP").arg("src").query(&mut c).unwrap();
+    // Sanity: resealing an untouched payload keeps it valid.
+    redis::cmd("RESTORE")
+        .arg("ok")
+        .arg(0)
+        .arg(reseal(good.clone()))
+        .query::<()>(&mut c)
+        .unwrap();
+
+    // Layout: type byte, 0x81 + 8-byte module id whose low 10 bits are the encoding version.
+    assert_eq!(good[1], 0x81, "64-bit module id expected");
+    let mut wrong_version = good.clone();
+    wrong_version[9] = (wrong_version[9] & 0xfc) | 0x02;
+    // Holder "o": string opcode 5, length 1, 'o', then the mode as unsigned opcode 2 + value.
+    let at = good
+        .windows(5)
+        .position(|w| w == [5, 1, b'o', 2, 0])
+        .expect("holder layout");
+    let mut bad_mode = good.clone();
+    bad_mode[at + 4] = 7;
+    let mut truncated = good.clone();
+    truncated.drain(at..at + 5);
+
+    for (name, payload) in [
+        ("version", wrong_version),
+        ("mode", bad_mode),
+        ("truncated", truncated),
+    ] {
+        let reply = redis::cmd("RESTORE")
+            .arg(format!("bad-{name}"))
+            .arg(0)
+            .arg(reseal(payload))
+            .query::<()>(&mut c);
+        let e = reply.expect_err(name);
+        assert!(
+            format!("{e:?}").contains("Bad data format"),
+            "{name}: {e:?}"
+        );
+        assert_eq!(int(&mut c, &["EXISTS", &format!("bad-{name}")]), 0);
+    }
+    assert!(server.alive());
+    assert_eq!(
+        query(&mut c, &["PING"]).unwrap(),
+        Value::SimpleString("PONG".into())
+    );
+    assert_eq!(holders(&mut c, "src"), vec![("o".to_string(), 1)]);
+}
