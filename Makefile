@@ -21,15 +21,16 @@ run: build
 	redis-server module.conf.example --port $(PORT)
 
 # Unit and property tests of the core, then integration tests against real redis-servers
-# that the harness starts on free loopback ports. The integration tests load a debug build
+# that the harness starts on free loopback ports, then the client crate's tests (5 servers). The integration tests load a debug build
 # with the `test-hooks` feature (it adds LOCK.DEBUG-PANIC, used to test the panic guard).
 test: deps
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
+	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client
 
 lint: deps
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features test-hooks -- -D warnings
 
 fmt:

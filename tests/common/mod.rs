@@ -18,8 +18,17 @@ pub fn module_path() -> PathBuf {
     if let Ok(p) = std::env::var("REDIS_LOCK_MODULE") {
         return PathBuf::from(p);
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    root.join("target/debug/libredis_lock.so")
+    // The workspace's target directory: this package's, or its parent's for member crates.
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let candidates = [
+        here.join("target/debug/libredis_lock.so"),
+        here.join("../target/debug/libredis_lock.so"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .unwrap_or_else(|| candidates[0].clone())
 }
 
 pub struct Server {
