@@ -235,7 +235,8 @@ fn random_owner() -> String {
     format!("{:032x}", rand::thread_rng().gen::<u128>())
 }
 
-/// A lock client for one Redis server with the module loaded.
+/// A lock client for one Redis server with the module loaded. It keeps one connection, which
+/// a waiting acquire occupies while it waits: use one `LockClient` per thread that waits.
 pub struct LockClient {
     servers: Arc<Servers>,
 }
@@ -331,6 +332,10 @@ fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
 }
 
 /// Redlock: one lock over N independent servers (N/2+1 must grant it).
+///
+/// A `Redlock` keeps one connection per server; threads sharing one `Redlock` take turns on
+/// those connections. Give each thread its own `Redlock` (it is cheap: connections open on
+/// first use) when they lock concurrently.
 pub struct Redlock {
     servers: Arc<Servers>,
     retry_delay: (Duration, Duration),
