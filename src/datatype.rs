@@ -23,27 +23,16 @@ pub const ENCODING_VERSION: i32 = 1;
 pub struct LockValue {
     pub lock: Lock,
     /// The expiry timer armed for this value, if any.
-    pub timer: Option<ArmedTimer>,
-    /// What this value currently contributes to the INFO figures.
-    counted: Gauges,
+    pub timer: Option<Box<ArmedTimer>>,
 }
 
 impl LockValue {
     pub fn new(lock: Lock) -> Self {
-        let mut v = LockValue {
-            lock,
-            timer: None,
-            counted: Gauges::default(),
-        };
-        v.sync_gauges();
-        v
-    }
-
-    /// Brings this value's contribution to the INFO figures up to date.
-    pub fn sync_gauges(&mut self) {
-        let now = Gauges::of(&self.lock);
-        stats::update_gauges(self.counted, now);
-        self.counted = now;
+        // INFO figures: every change to a live value is counted as the difference between
+        // its figures before and after (see `LockKey`), so a value adds its own when it is
+        // created and takes them back when it is freed.
+        stats::update_gauges(Gauges::default(), Gauges::of(&lock));
+        LockValue { lock, timer: None }
     }
 
     /// Approximate bytes used, for MEMORY USAGE.
@@ -56,7 +45,7 @@ impl LockValue {
 
 impl Drop for LockValue {
     fn drop(&mut self) {
-        stats::update_gauges(self.counted, Gauges::default());
+        stats::update_gauges(Gauges::of(&self.lock), Gauges::default());
     }
 }
 
@@ -208,5 +197,21 @@ pub unsafe fn free(value: *mut c_void) {
     if !value.is_null() {
         // SAFETY: per the contract above.
         drop(unsafe { Box::from_raw(value as *mut LockValue) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory per lock is a published figure (docs/benchmarks.md); this keeps the value from
+    /// growing back by accident. 80 bytes is one jemalloc size class.
+    #[test]
+    fn a_lock_value_fits_in_80_bytes() {
+        assert!(
+            std::mem::size_of::<LockValue>() <= 80,
+            "{}",
+            std::mem::size_of::<LockValue>()
+        );
     }
 }

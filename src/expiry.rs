@@ -1,5 +1,11 @@
 //! Expiry timers: holders are dropped when their time passes, with no client action.
 //!
+//! A timer is armed only where waiting for Redis's own key expiry would not do: when clients
+//! wait (they must be served the moment a holder expires) or when several holders expire at
+//! different times (each reader alone). A lone holder with nobody waiting needs none: the key's
+//! Redis expiry is that holder's expiry, and Redis removing the key is the same event (see
+//! `reconcile::on_unlink`), which saves a timer per lock.
+//!
 //! Each lock value has at most one live timer, armed for its earliest holder expiry. A later
 //! deadline (EXTEND, a re-entry) leaves the armed timer alone: it fires early, finds nothing
 //! due and re-arms, which is cheaper than stopping and recreating a timer on every extend.
@@ -15,13 +21,21 @@ use crate::ffi;
 use crate::keys::LockKey;
 use crate::lock::Millis;
 
-/// The timer a value has armed, and where it will look for the value.
+/// The timer a value has armed, and where it will look for the value (the key by hash: a value
+/// that moved to another name needs a new timer).
 #[derive(Debug)]
 pub struct ArmedTimer {
     id: RedisModuleTimerID,
     at: Millis,
     db: i32,
-    key: Box<[u8]>,
+    key_hash: u64,
+}
+
+fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
 }
 
 /// What a timer carries: the key to look at.
@@ -36,12 +50,17 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
     if ctx.get_flags().contains(ContextFlags::SLAVE) {
         return;
     }
-    let Some(due) = value.lock.next_expiry() else {
-        stop(ctx, value);
-        return;
+    let needs_timer = !value.lock.queue().is_empty() || value.lock.holders().len() > 1;
+    let due = match value.lock.next_expiry() {
+        Some(due) if needs_timer => due,
+        _ => {
+            stop(ctx, value);
+            return;
+        }
     };
+    let hash = key_hash(key);
     if let Some(t) = &value.timer {
-        if t.at <= due && t.db == db && *t.key == *key {
+        if t.at <= due && t.db == db && t.key_hash == hash {
             return;
         }
     }
@@ -53,12 +72,12 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
         at: due,
     };
     let id = ctx.create_timer(Duration::from_millis(delay), fire, target);
-    value.timer = Some(ArmedTimer {
+    value.timer = Some(Box::new(ArmedTimer {
         id,
         at: due,
         db,
-        key: key.into(),
-    });
+        key_hash: hash,
+    }));
 }
 
 fn stop(ctx: &Context, value: &mut LockValue) {
@@ -81,7 +100,10 @@ fn fire(ctx: &Context, target: Target) {
         // Only the value's own live timer may act; a stale one (the value was replaced, or
         // re-armed earlier) does nothing.
         match &value.timer {
-            Some(t) if t.at == target.at && t.db == target.db && *t.key == *target.key => {}
+            Some(t)
+                if t.at == target.at
+                    && t.db == target.db
+                    && t.key_hash == key_hash(&target.key) => {}
             _ => return,
         }
         value.timer = None;

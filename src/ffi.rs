@@ -804,3 +804,43 @@ pub fn register_debug_panic(ctx: &Context) -> Result<(), String> {
         Err("cannot create lock.debug-panic".into())
     }
 }
+
+/// One holder's state as `LOCK.SYNC` carries it (see `replication`).
+pub struct SyncFields<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+    pub count: u64,
+    pub mode: &'static std::ffi::CStr,
+    pub expires_at: u64,
+    pub token: u64,
+    pub fence: u64,
+    pub counter: u64,
+}
+
+/// Propagates `LOCK.SYNC` to replicas and the AOF. Redis builds the arguments from the raw
+/// values (buffers and integers), so no intermediate strings are allocated here.
+pub fn replicate_sync(ctx: &Context, f: &SyncFields<'_>) {
+    let ll = |v: u64| std::ffi::c_longlong::try_from(v).unwrap_or(std::ffi::c_longlong::MAX);
+    // SAFETY: ctx is the live context of the current command or callback; the format matches
+    // the arguments (b = pointer + length, c = NUL-terminated string, l = long long) and every
+    // buffer outlives the call, which copies them.
+    unsafe {
+        if let Some(replicate) = raw::RedisModule_Replicate {
+            replicate(
+                ctx.ctx,
+                c"LOCK.SYNC".as_ptr(),
+                c"bblcllll".as_ptr(),
+                f.key.as_ptr(),
+                f.key.len(),
+                f.owner.as_ptr(),
+                f.owner.len(),
+                ll(f.count),
+                f.mode.as_ptr(),
+                ll(f.expires_at),
+                ll(f.token),
+                ll(f.fence),
+                ll(f.counter),
+            );
+        }
+    }
+}

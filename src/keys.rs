@@ -11,6 +11,7 @@ use redis_module::{Context, NotifyEvent, RedisError, RedisString};
 use crate::datatype::{lock_type, LockValue};
 use crate::ffi::{KeyKind, RawKey};
 use crate::lock::{Event, Lock, Millis, Step};
+use crate::stats::Gauges;
 use crate::{blocking, expiry, ffi, replication, stats};
 
 pub struct LockKey<'a> {
@@ -79,8 +80,9 @@ impl<'a> LockKey<'a> {
     /// which must not expire or grant anything by this server's own decision.
     pub fn apply_exact(&mut self, op: impl FnOnce(&mut Lock)) {
         if let Some(value) = self.raw.value::<LockValue>() {
+            let before = Gauges::of(&value.lock);
             op(&mut value.lock);
-            self.commit(Vec::new());
+            self.commit(Vec::new(), before);
         }
     }
 
@@ -90,6 +92,7 @@ impl<'a> LockKey<'a> {
         let now = ffi::now_ms();
         let mut events = Vec::new();
         let value = self.raw.value::<LockValue>()?;
+        let before = Gauges::of(&value.lock);
         let r = stats::with_fences(|fences| {
             let mut step = Step {
                 now,
@@ -98,7 +101,7 @@ impl<'a> LockKey<'a> {
             };
             op(&mut value.lock, &mut step)
         });
-        self.commit(events);
+        self.commit(events, before);
         Some(r)
     }
 
@@ -110,8 +113,8 @@ impl<'a> LockKey<'a> {
 
     /// Finishes an operation: serves granted waiters, counts and notifies what happened,
     /// propagates every changed holder, then deletes the key if the lock is empty or updates its
-    /// expiry and timer.
-    pub fn commit(&mut self, events: Vec<Event>) {
+    /// expiry and timer. `before` is the lock's INFO figures before the change.
+    fn commit(&mut self, events: Vec<Event>, before: Gauges) {
         let mut changed: Vec<Box<[u8]>> = Vec::with_capacity(events.len());
         for event in events {
             match event {
@@ -146,11 +149,11 @@ impl<'a> LockKey<'a> {
                 replication::replicate_owner(self.ctx, self.name.as_slice(), owner, &value.lock);
             }
         }
+        stats::update_gauges(before, Gauges::of(&value.lock));
         if value.lock.is_empty() {
             self.raw.delete();
             return;
         }
-        value.sync_gauges();
         let last: Option<Millis> = value.lock.last_expiry();
         expiry::arm(self.ctx, self.db, self.name.as_slice(), value);
         if let Some(at) = last {

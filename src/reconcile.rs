@@ -57,13 +57,14 @@ pub fn schedule() {
 /// the registry remembers them); if every holder had expired, this is that expiry.
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     let had_waiters = !value.lock.queue().is_empty();
+    let before = crate::stats::Gauges::of(&value.lock);
     drop(value.lock.take_waiters());
     let holders = value.lock.holders().len() as u64;
     let all_expired = value.lock.last_expiry().is_some_and(|t| t <= ffi::now_ms());
     if holders > 0 && all_expired {
         EXPIRED.with(|e| e.borrow_mut().push(((db, key.into()), holders)));
     }
-    value.sync_gauges();
+    stats::update_gauges(before, crate::stats::Gauges::of(&value.lock));
     if had_waiters || (holders > 0 && all_expired) {
         mark_dirty(db, key);
     }

@@ -27,30 +27,32 @@ use crate::stats;
 
 pub const SYNC_COMMAND: &str = "LOCK.SYNC";
 
-/// The arguments of the `LOCK.SYNC` that states `owner`'s current hold on `lock` (or its
-/// absence).
-pub fn sync_args(key: &[u8], owner: &[u8], lock: &Lock) -> Vec<Vec<u8>> {
-    let (count, mode, expires_at, token) = match lock.holders().get(owner) {
-        Some(h) => (h.count, h.mode.as_str(), h.expires_at, h.token),
-        None => (0, "write", 0, 0),
-    };
-    vec![
-        key.to_vec(),
-        owner.to_vec(),
-        count.to_string().into_bytes(),
-        mode.as_bytes().to_vec(),
-        expires_at.to_string().into_bytes(),
-        token.to_string().into_bytes(),
-        lock.fence().to_string().into_bytes(),
-        stats::last_token().to_string().into_bytes(),
-    ]
-}
-
 /// Propagates `owner`'s state on `lock` to replicas and the AOF.
 pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
-    let args = sync_args(key, owner, lock);
-    let refs: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    ctx.replicate(SYNC_COMMAND, refs.as_slice());
+    let (count, mode, expires_at, token) = match lock.holders().get(owner) {
+        Some(h) => (h.count, h.mode, h.expires_at, h.token),
+        None => (0, Mode::Write, 0, 0),
+    };
+    crate::ffi::replicate_sync(
+        ctx,
+        &crate::ffi::SyncFields {
+            key,
+            owner,
+            count,
+            mode: mode_cstr(mode),
+            expires_at,
+            token,
+            fence: lock.fence(),
+            counter: stats::last_token(),
+        },
+    );
+}
+
+fn mode_cstr(mode: Mode) -> &'static std::ffi::CStr {
+    match mode {
+        Mode::Write => c"write",
+        Mode::Read => c"read",
+    }
 }
 
 /// One parsed `LOCK.SYNC`.
@@ -153,10 +155,7 @@ pub fn rewrite(io: *mut raw::RedisModuleIO, key: &[u8], value: &LockValue) {
     let fence = value.lock.fence();
     let counter = stats::last_token();
     for (owner, h) in value.lock.holders().iter() {
-        let mode = match h.mode {
-            Mode::Write => c"write",
-            Mode::Read => c"read",
-        };
+        let mode = mode_cstr(h.mode);
         let as_ll = |v: u64| c_longlong::try_from(v).unwrap_or(c_longlong::MAX);
         // SAFETY: io is the live rewrite handle; the format string matches the arguments:
         // b = (pointer, length) buffer, l = long long, c = NUL-terminated C string.
@@ -185,6 +184,25 @@ pub fn rewrite(io: *mut raw::RedisModuleIO, key: &[u8], value: &LockValue) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arguments of the `LOCK.SYNC` that states `owner`'s current hold on `lock` (or its
+    /// absence).
+    fn sync_args(key: &[u8], owner: &[u8], lock: &Lock) -> Vec<Vec<u8>> {
+        let (count, mode, expires_at, token) = match lock.holders().get(owner) {
+            Some(h) => (h.count, h.mode.as_str(), h.expires_at, h.token),
+            None => (0, "write", 0, 0),
+        };
+        vec![
+            key.to_vec(),
+            owner.to_vec(),
+            count.to_string().into_bytes(),
+            mode.as_bytes().to_vec(),
+            expires_at.to_string().into_bytes(),
+            token.to_string().into_bytes(),
+            lock.fence().to_string().into_bytes(),
+            stats::last_token().to_string().into_bytes(),
+        ]
+    }
 
     #[test]
     fn sync_round_trips_a_holder_and_a_removal() {

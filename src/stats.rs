@@ -31,25 +31,25 @@ pub fn last_token() -> u64 {
 /// applied as a difference, so the totals never need a scan of the keyspace.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Gauges {
-    pub locks_held: u64,
-    pub readers: u64,
-    pub writers: u64,
-    pub waiters: u64,
+    pub locks_held: u32,
+    pub readers: u32,
+    pub writers: u32,
+    pub waiters: u32,
 }
 
 impl Gauges {
     pub fn of(lock: &Lock) -> Self {
-        let holders = lock.holders().len() as u64;
+        let holders = u32::try_from(lock.holders().len()).unwrap_or(u32::MAX);
         let (readers, writers) = match lock.mode() {
             Some(Mode::Read) => (holders, 0),
             Some(Mode::Write) => (0, holders),
             None => (0, 0),
         };
         Gauges {
-            locks_held: u64::from(holders > 0),
+            locks_held: u32::from(holders > 0),
             readers,
             writers,
-            waiters: lock.queue().len() as u64,
+            waiters: u32::try_from(lock.queue().len()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -82,8 +82,12 @@ fn bump(cell: &Cell<u64>, by: u64) {
     cell.set(cell.get().saturating_add(by));
 }
 
-fn shift(cell: &Cell<u64>, old: u64, new: u64) {
-    cell.set(cell.get().saturating_sub(old).saturating_add(new));
+fn shift(cell: &Cell<u64>, old: u32, new: u32) {
+    cell.set(
+        cell.get()
+            .saturating_sub(u64::from(old))
+            .saturating_add(u64::from(new)),
+    );
 }
 
 pub fn count_grant() {

@@ -1,9 +1,10 @@
-//! The owners currently holding one lock, indexed by owner and by expiry time.
+//! The owners currently holding one lock.
 //!
-//! Both indexes are needed so that every operation stays logarithmic in the number of
-//! holders: a reader acquiring or releasing next to 10,000 other readers must cost the same
-//! as next to one, and the nearest expiry (for the timer) and the latest one (for the key's
-//! Redis TTL) are read without a scan.
+//! Most locks have one holder, so that case is stored inline (no index, one allocation for the
+//! owner). From two holders on (readers), holders are indexed by owner and by expiry, so that
+//! every operation stays logarithmic: a reader acquiring or releasing next to 10,000 other
+//! readers costs the same as next to one, and the nearest expiry (for the timer) and the latest
+//! one (for the key's Redis TTL) are read without a scan.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -21,93 +22,202 @@ pub struct Holder {
     pub token: u64,
 }
 
-/// All holders of one lock. Invariant: every holder has the same mode.
 #[derive(Clone, Debug, Default)]
-pub struct HolderSet {
+struct Indexed {
     by_owner: HashMap<Box<[u8]>, Holder>,
     by_expiry: BTreeSet<(Millis, Box<[u8]>)>,
 }
 
+#[derive(Clone, Debug, Default)]
+enum Repr {
+    #[default]
+    Empty,
+    One(Box<[u8]>, Holder),
+    Many(Box<Indexed>),
+}
+
+/// All holders of one lock. Invariant: every holder has the same mode.
+#[derive(Clone, Debug, Default)]
+pub struct HolderSet {
+    repr: Repr,
+}
+
 impl HolderSet {
     pub fn len(&self) -> usize {
-        self.by_owner.len()
+        match &self.repr {
+            Repr::Empty => 0,
+            Repr::One(..) => 1,
+            Repr::Many(m) => m.by_owner.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_owner.is_empty()
+        matches!(self.repr, Repr::Empty)
     }
 
     pub fn get(&self, owner: &[u8]) -> Option<&Holder> {
-        self.by_owner.get(owner)
+        match &self.repr {
+            Repr::Empty => None,
+            Repr::One(o, h) => (**o == *owner).then_some(h),
+            Repr::Many(m) => m.by_owner.get(owner),
+        }
     }
 
     /// The mode the lock is held in, or `None` when nobody holds it.
     pub fn mode(&self) -> Option<Mode> {
-        self.by_owner.values().next().map(|h| h.mode)
+        match &self.repr {
+            Repr::Empty => None,
+            Repr::One(_, h) => Some(h.mode),
+            Repr::Many(m) => m.by_owner.values().next().map(|h| h.mode),
+        }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &Holder)> {
-        self.by_owner.iter().map(|(o, h)| (&**o, h))
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&[u8], &Holder)> + '_> {
+        match &self.repr {
+            Repr::Empty => Box::new(std::iter::empty()),
+            Repr::One(o, h) => Box::new(std::iter::once((&**o, h))),
+            Repr::Many(m) => Box::new(m.by_owner.iter().map(|(o, h)| (&**o, h))),
+        }
     }
 
     /// Adds a new holder; the caller has checked that `owner` holds nothing yet.
     pub fn insert(&mut self, owner: &[u8], holder: Holder) {
-        let key: Box<[u8]> = owner.into();
-        self.by_expiry.insert((holder.expires_at, key.clone()));
-        self.by_owner.insert(key, holder);
+        match std::mem::take(&mut self.repr) {
+            Repr::Empty => self.repr = Repr::One(owner.into(), holder),
+            Repr::One(o, h) => {
+                let mut m = Indexed::default();
+                m.by_expiry.insert((h.expires_at, o.clone()));
+                m.by_owner.insert(o, h);
+                m.by_expiry.insert((holder.expires_at, owner.into()));
+                m.by_owner.insert(owner.into(), holder);
+                self.repr = Repr::Many(Box::new(m));
+            }
+            Repr::Many(mut m) => {
+                let key: Box<[u8]> = owner.into();
+                m.by_expiry.insert((holder.expires_at, key.clone()));
+                m.by_owner.insert(key, holder);
+                self.repr = Repr::Many(m);
+            }
+        }
     }
 
     pub fn remove(&mut self, owner: &[u8]) -> Option<Holder> {
-        let (key, holder) = self.by_owner.remove_entry(owner)?;
-        self.by_expiry.remove(&(holder.expires_at, key));
-        Some(holder)
+        match std::mem::take(&mut self.repr) {
+            Repr::Empty => None,
+            Repr::One(o, h) => {
+                if *o == *owner {
+                    Some(h)
+                } else {
+                    self.repr = Repr::One(o, h);
+                    None
+                }
+            }
+            Repr::Many(mut m) => {
+                let removed = m.by_owner.remove_entry(owner).map(|(key, holder)| {
+                    m.by_expiry.remove(&(holder.expires_at, key));
+                    holder
+                });
+                self.repr = Self::shrunk(m);
+                removed
+            }
+        }
+    }
+
+    /// Back to the inline form when one holder is left (frees the indexes).
+    fn shrunk(m: Box<Indexed>) -> Repr {
+        match m.by_owner.len() {
+            0 => Repr::Empty,
+            1 => {
+                let Indexed { by_owner, .. } = *m;
+                match by_owner.into_iter().next() {
+                    Some((o, h)) => Repr::One(o, h),
+                    None => Repr::Empty,
+                }
+            }
+            _ => Repr::Many(m),
+        }
     }
 
     /// Changes the count and expiry of an existing holder. Returns `None` if `owner` does not
     /// hold the lock.
     pub fn update(&mut self, owner: &[u8], count: u64, expires_at: Millis) -> Option<&Holder> {
-        let (key, holder) = self.by_owner.get_key_value(owner)?;
-        if holder.expires_at != expires_at {
-            let old = (holder.expires_at, key.clone());
-            self.by_expiry.remove(&old);
-            self.by_expiry.insert((expires_at, old.1));
+        match &mut self.repr {
+            Repr::Empty => None,
+            Repr::One(o, h) => {
+                if **o != *owner {
+                    return None;
+                }
+                h.count = count;
+                h.expires_at = expires_at;
+                Some(h)
+            }
+            Repr::Many(m) => {
+                let (key, holder) = m.by_owner.get_key_value(owner)?;
+                if holder.expires_at != expires_at {
+                    let old = (holder.expires_at, key.clone());
+                    m.by_expiry.remove(&old);
+                    m.by_expiry.insert((expires_at, old.1));
+                }
+                let holder = m.by_owner.get_mut(owner)?;
+                holder.count = count;
+                holder.expires_at = expires_at;
+                Some(holder)
+            }
         }
-        let holder = self.by_owner.get_mut(owner)?;
-        holder.count = count;
-        holder.expires_at = expires_at;
-        Some(holder)
     }
 
     /// The earliest expiry among the holders.
     pub fn earliest_expiry(&self) -> Option<Millis> {
-        self.by_expiry.first().map(|(t, _)| *t)
+        match &self.repr {
+            Repr::Empty => None,
+            Repr::One(_, h) => Some(h.expires_at),
+            Repr::Many(m) => m.by_expiry.first().map(|(t, _)| *t),
+        }
     }
 
     /// The latest expiry among the holders: the key's Redis expiry.
     pub fn latest_expiry(&self) -> Option<Millis> {
-        self.by_expiry.last().map(|(t, _)| *t)
+        match &self.repr {
+            Repr::Empty => None,
+            Repr::One(_, h) => Some(h.expires_at),
+            Repr::Many(m) => m.by_expiry.last().map(|(t, _)| *t),
+        }
     }
 
     /// Removes and returns the holder with the earliest expiry if it is due at `now`.
     pub fn pop_expired(&mut self, now: Millis) -> Option<(Box<[u8]>, Holder)> {
-        let (t, _) = self.by_expiry.first()?;
-        if *t > now {
+        if self.earliest_expiry()? > now {
             return None;
         }
-        let (_, owner) = self.by_expiry.pop_first()?;
-        let holder = self.by_owner.remove(&owner)?;
-        Some((owner, holder))
+        match std::mem::take(&mut self.repr) {
+            Repr::Empty => None,
+            Repr::One(o, h) => Some((o, h)),
+            Repr::Many(mut m) => {
+                let popped = m
+                    .by_expiry
+                    .pop_first()
+                    .and_then(|(_, owner)| m.by_owner.remove(&owner).map(|h| (owner, h)));
+                self.repr = Self::shrunk(m);
+                popped
+            }
+        }
     }
 
     /// Bytes of heap owned by this set, for MEMORY USAGE (an estimate).
     pub fn heap_size(&self) -> usize {
-        let per_entry = std::mem::size_of::<(Box<[u8]>, Holder)>() + 1;
-        let per_index = std::mem::size_of::<(Millis, Box<[u8]>)>();
-        self.by_owner.capacity() * per_entry
-            + self
-                .by_owner
-                .keys()
-                .map(|o| 2 * o.len() + per_index)
-                .sum::<usize>()
+        match &self.repr {
+            Repr::Empty => 0,
+            Repr::One(o, _) => o.len(),
+            Repr::Many(m) => {
+                let per_entry = std::mem::size_of::<(Box<[u8]>, Holder)>() + 1;
+                let per_index = std::mem::size_of::<(Millis, Box<[u8]>)>();
+                std::mem::size_of::<Indexed>()
+                    + m.by_owner.capacity() * per_entry
+                    + m.by_owner
+                        .keys()
+                        .map(|o| 2 * o.len() + per_index)
+                        .sum::<usize>()
+            }
+        }
     }
 }

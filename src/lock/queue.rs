@@ -18,58 +18,82 @@ pub struct Waiter {
     pub ttl: Millis,
 }
 
+/// The queue of one lock. Most locks never have a waiter, so the map is allocated only while
+/// someone waits (an empty queue is one null pointer).
 #[derive(Clone, Debug, Default)]
 pub struct WaitQueue {
-    waiters: BTreeMap<WaiterId, Waiter>,
+    waiters: Option<Box<BTreeMap<WaiterId, Waiter>>>,
 }
 
 impl WaitQueue {
     pub fn len(&self) -> usize {
-        self.waiters.len()
+        self.waiters.as_ref().map_or(0, |w| w.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.waiters.is_empty()
+        self.len() == 0
     }
 
     pub fn push(&mut self, id: WaiterId, waiter: Waiter) {
-        self.waiters.insert(id, waiter);
+        self.waiters
+            .get_or_insert_with(Default::default)
+            .insert(id, waiter);
     }
 
     pub fn head(&self) -> Option<(WaiterId, &Waiter)> {
-        self.waiters.first_key_value().map(|(id, w)| (*id, w))
+        self.waiters
+            .as_ref()?
+            .first_key_value()
+            .map(|(id, w)| (*id, w))
     }
 
     pub fn pop_head(&mut self) -> Option<(WaiterId, Waiter)> {
-        self.waiters.pop_first()
+        let popped = self.waiters.as_mut()?.pop_first();
+        self.free_if_empty();
+        popped
     }
 
     pub fn remove(&mut self, id: WaiterId) -> Option<Waiter> {
-        self.waiters.remove(&id)
+        let removed = self.waiters.as_mut()?.remove(&id);
+        self.free_if_empty();
+        removed
     }
 
     pub fn contains(&self, id: WaiterId) -> bool {
-        self.waiters.contains_key(&id)
+        self.waiters.as_ref().is_some_and(|w| w.contains_key(&id))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (WaiterId, &Waiter)> {
-        self.waiters.iter().map(|(id, w)| (*id, w))
+        self.waiters
+            .iter()
+            .flat_map(|w| w.iter().map(|(id, w)| (*id, w)))
     }
 
     /// Empties the queue, returning the waiters in arrival order.
     pub fn take_all(&mut self) -> Vec<(WaiterId, Waiter)> {
-        std::mem::take(&mut self.waiters).into_iter().collect()
+        self.waiters
+            .take()
+            .map(|w| w.into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// Keeps only the waiters for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(WaiterId) -> bool) {
-        self.waiters.retain(|id, _| keep(*id));
+        if let Some(w) = self.waiters.as_mut() {
+            w.retain(|id, _| keep(*id));
+        }
+        self.free_if_empty();
+    }
+
+    fn free_if_empty(&mut self) {
+        if self.waiters.as_ref().is_some_and(|w| w.is_empty()) {
+            self.waiters = None;
+        }
     }
 
     pub fn heap_size(&self) -> usize {
-        self.waiters
-            .values()
-            .map(|w| std::mem::size_of::<(WaiterId, Waiter)>() + w.owner.len())
+        self.iter()
+            .map(|(_, w)| std::mem::size_of::<(WaiterId, Waiter)>() + w.owner.len())
             .sum()
     }
 }

@@ -1,0 +1,306 @@
+//! The locks compared: the module, and the ways people lock with Redis today, written here the
+//! way their libraries and the popular articles write them.
+
+use std::time::{Duration, Instant};
+
+use redis::{Connection, Value};
+
+/// One way to lock. Every call uses the caller's connection.
+pub trait Lock: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Loads scripts (once per server).
+    fn prepare(&self, _c: &mut Connection) {}
+    /// One attempt, no waiting.
+    fn try_acquire(&self, c: &mut Connection, key: &str, owner: &str, ttl_ms: u64) -> bool;
+    /// Waits up to `timeout` for the lock.
+    fn acquire(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> bool;
+    fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool;
+    /// The top-level commands one acquire + release runs (for INFO commandstats).
+    fn commands(&self) -> &'static [&'static str];
+    /// A pipeline-able acquire, for filling the server with held locks.
+    fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd;
+}
+
+fn is_int(v: redis::RedisResult<Value>) -> bool {
+    matches!(v, Ok(Value::Int(_)))
+}
+
+/// The module: LOCK.ACQUIRE (with server-side WAIT) and LOCK.RELEASE.
+pub struct Module;
+
+impl Lock for Module {
+    fn name(&self) -> &'static str {
+        "module"
+    }
+    fn try_acquire(&self, c: &mut Connection, key: &str, owner: &str, ttl_ms: u64) -> bool {
+        is_int(self.acquire_cmd(key, owner, ttl_ms).query(c))
+    }
+    fn acquire(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> bool {
+        let wait = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        is_int(
+            redis::cmd("LOCK.ACQUIRE")
+                .arg(key)
+                .arg(owner)
+                .arg(ttl_ms)
+                .arg("WAIT")
+                .arg(wait)
+                .query(c),
+        )
+    }
+    fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
+        is_int(redis::cmd("LOCK.RELEASE").arg(key).arg(owner).query(c))
+    }
+    fn commands(&self) -> &'static [&'static str] {
+        &["lock.acquire", "lock.release"]
+    }
+    fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg(key).arg(owner).arg(ttl_ms);
+        cmd
+    }
+}
+
+/// The release every SET NX lock uses: delete the key only if it still holds our token.
+const COMPARE_AND_DELETE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+fn load_script(c: &mut Connection, body: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(body)
+        .query(c)
+        .expect("SCRIPT LOAD")
+}
+
+/// `SET key token NX PX ttl` + compare-and-delete Lua release. A blocking acquire sleeps and
+/// retries, as redis-py's `Lock` does (its default sleep is 0.1 s).
+pub struct SetNx {
+    pub poll: Duration,
+    sha: std::sync::OnceLock<String>,
+}
+
+impl SetNx {
+    pub fn new(poll: Duration) -> Self {
+        SetNx {
+            poll,
+            sha: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl Lock for SetNx {
+    fn name(&self) -> &'static str {
+        "SET NX + polling"
+    }
+    fn prepare(&self, c: &mut Connection) {
+        let sha = load_script(c, COMPARE_AND_DELETE);
+        let _ = self.sha.set(sha);
+    }
+    fn try_acquire(&self, c: &mut Connection, key: &str, owner: &str, ttl_ms: u64) -> bool {
+        matches!(
+            self.acquire_cmd(key, owner, ttl_ms).query(c),
+            Ok(Value::Okay)
+        )
+    }
+    fn acquire(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> bool {
+        let give_up = Instant::now() + timeout;
+        loop {
+            if self.try_acquire(c, key, owner, ttl_ms) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return false;
+            }
+            std::thread::sleep(self.poll.min(give_up - now));
+        }
+    }
+    fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
+        let sha = self.sha.get().expect("prepared");
+        matches!(
+            redis::cmd("EVALSHA")
+                .arg(sha)
+                .arg(1)
+                .arg(key)
+                .arg(owner)
+                .query(c),
+            Ok(Value::Int(1))
+        )
+    }
+    fn commands(&self) -> &'static [&'static str] {
+        &["set", "evalsha"]
+    }
+    fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(owner).arg("NX").arg("PX").arg(ttl_ms);
+        cmd
+    }
+}
+
+/// A fair reentrant lock in Lua, as the popular articles build it: a hash (owner, count) with
+/// a TTL, a FIFO list of waiting owners, and a per-waiter list the releaser pushes to, on which
+/// the waiter BLPOPs. A waiter wakes at the latest every `poll` to notice a holder that expired
+/// (nobody pushes for a crashed holder).
+pub struct LuaFair {
+    pub poll: Duration,
+    shas: std::sync::OnceLock<(String, String)>,
+}
+
+const FAIR_ACQUIRE: &str = r#"
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
+  redis.call('HINCRBY', KEYS[1], 'count', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not owner then
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if (not head) or head == ARGV[1] then
+    if head then redis.call('LPOP', KEYS[2]) end
+    redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+  end
+end
+if ARGV[3] == '1' and not redis.call('LPOS', KEYS[2], ARGV[1]) then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+end
+return 0
+"#;
+
+const FAIR_RELEASE: &str = r#"
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return -1 end
+local left = redis.call('HINCRBY', KEYS[1], 'count', -1)
+if left > 0 then return left end
+redis.call('DEL', KEYS[1])
+local head = redis.call('LINDEX', KEYS[2], 0)
+if head then
+  redis.call('RPUSH', ARGV[2] .. head, '1')
+  redis.call('PEXPIRE', ARGV[2] .. head, 60000)
+end
+return 0
+"#;
+
+impl LuaFair {
+    pub fn new(poll: Duration) -> Self {
+        LuaFair {
+            poll,
+            shas: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn attempt(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        enqueue: bool,
+    ) -> bool {
+        let (acquire, _) = self.shas.get().expect("prepared");
+        matches!(
+            redis::cmd("EVALSHA")
+                .arg(acquire)
+                .arg(2)
+                .arg(key)
+                .arg(format!("{key}:queue"))
+                .arg(owner)
+                .arg(ttl_ms)
+                .arg(if enqueue { "1" } else { "0" })
+                .query(c),
+            Ok(Value::Int(1))
+        )
+    }
+}
+
+impl Lock for LuaFair {
+    fn name(&self) -> &'static str {
+        "Lua fair lock + BLPOP"
+    }
+    fn prepare(&self, c: &mut Connection) {
+        let shas = (load_script(c, FAIR_ACQUIRE), load_script(c, FAIR_RELEASE));
+        let _ = self.shas.set(shas);
+    }
+    fn try_acquire(&self, c: &mut Connection, key: &str, owner: &str, ttl_ms: u64) -> bool {
+        self.attempt(c, key, owner, ttl_ms, false)
+    }
+    fn acquire(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> bool {
+        let give_up = Instant::now() + timeout;
+        let wake = format!("{key}:wake:{owner}");
+        loop {
+            if self.attempt(c, key, owner, ttl_ms, true) {
+                let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&wake).query(c);
+                return true;
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                let _: redis::RedisResult<()> = redis::cmd("LREM")
+                    .arg(format!("{key}:queue"))
+                    .arg(0)
+                    .arg(owner)
+                    .query(c);
+                return false;
+            }
+            let wait = self.poll.min(give_up - now).as_secs_f64().max(0.001);
+            let _: redis::RedisResult<Value> = redis::cmd("BLPOP").arg(&wake).arg(wait).query(c);
+        }
+    }
+    fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
+        let (_, release) = self.shas.get().expect("prepared");
+        matches!(
+            redis::cmd("EVALSHA")
+                .arg(release)
+                .arg(2)
+                .arg(key)
+                .arg(format!("{key}:queue"))
+                .arg(owner)
+                .arg(format!("{key}:wake:"))
+                .query(c),
+            Ok(Value::Int(0))
+        )
+    }
+    fn commands(&self) -> &'static [&'static str] {
+        &["evalsha"]
+    }
+    fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
+        let (acquire, _) = self.shas.get().expect("prepared");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(acquire)
+            .arg(2)
+            .arg(key)
+            .arg(format!("{key}:queue"))
+            .arg(owner)
+            .arg(ttl_ms)
+            .arg("0");
+        cmd
+    }
+}

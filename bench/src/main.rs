@@ -1,0 +1,387 @@
+//! `lock-bench`: the module against the ways people lock with Redis today, in one run, on one
+//! server that the tool starts itself. Writes a markdown report and an SVG chart.
+//!
+//! Usage: `lock-bench [--quick] [--module PATH] [--out docs/benchmarks.md]`
+//! (`make bench` / `make bench-quick` build the module and run it pinned to a core).
+
+mod locks;
+mod measure;
+mod server;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use locks::{Lock, LuaFair, Module, SetNx};
+use server::Server;
+
+struct Options {
+    quick: bool,
+    module: PathBuf,
+    out: PathBuf,
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options {
+        quick: false,
+        module: PathBuf::from("target/release/libredis_lock.so"),
+        out: PathBuf::from("docs/benchmarks.md"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--module" => o.module = args.next().ok_or("--module needs a path")?.into(),
+            "--out" => o.out = args.next().ok_or("--out needs a path")?.into(),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(o)
+}
+
+fn pct(samples: &[Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut v = samples.to_vec();
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn fmt_d(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{:.1} ms", us / 1000.0)
+    }
+}
+
+/// Handoff figures per approach, for the chart.
+struct Handoff {
+    name: &'static str,
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    n: usize,
+}
+
+fn main() {
+    let o = match options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("lock-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let started = Instant::now();
+    let server = match Server::start(&o.module, Some(0)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("lock-bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    let module = Module;
+    let setnx = SetNx::new(Duration::from_millis(100));
+    let fair = LuaFair::new(Duration::from_millis(100));
+    let approaches: [&dyn Lock; 3] = [&module, &setnx, &fair];
+    let q = o.quick;
+    let mut md = String::new();
+    let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+
+    // 1. Server time and throughput.
+    step("server time per acquire + release");
+    let pairs = if q { 5_000 } else { 20_000 };
+    let times: Vec<f64> = approaches
+        .iter()
+        .map(|l| measure::server_time(&server, *l, pairs))
+        .collect();
+    let floor = times[1];
+    let _ = writeln!(md, "## 1. Server time and throughput, uncontended\n");
+    let _ = writeln!(
+        md,
+        "Server time is INFO commandstats µs per acquire + release ({pairs} pairs, one connection, distinct keys). \
+         Throughput is acquire + release pairs per second with N connections, each on its own lock, no pipelining \
+         ({} s each). The SET NX row is the floor: `SET key token NX PX ttl` + the compare-and-delete script.\n",
+        if q { 1 } else { 3 }
+    );
+    let _ = writeln!(
+        md,
+        "| approach | server µs / pair | vs SET NX | pairs/s, 1 conn | 16 conns | 64 conns |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
+    let duration = Duration::from_secs(if q { 1 } else { 3 });
+    for (l, t) in approaches.iter().zip(&times) {
+        step(&format!("throughput: {}", l.name()));
+        let tp: Vec<f64> = [1, 16, 64]
+            .iter()
+            .map(|&n| measure::throughput(&server, *l, n, duration))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {t:.2} | {:.2}x | {:.0} | {:.0} | {:.0} |",
+            l.name(),
+            t / floor,
+            tp[0],
+            tp[1],
+            tp[2]
+        );
+    }
+
+    // 2. Contended handoff.
+    let _ = writeln!(md, "\n## 2. Contended handoff, 16 waiters on one lock\n");
+    let _ = writeln!(
+        md,
+        "From a release being sent to the next holder's grant reply, with 16 clients looping acquire / release \
+         on one lock. Polling sleeps 100 ms between tries (redis-py's default); the Lua lock's waiters BLPOP a \
+         per-waiter list the releaser pushes to, waking at least every 100 ms.\n"
+    );
+    let _ = writeln!(md, "| approach | samples | p50 | p99 | max |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    let mut handoffs = Vec::new();
+    for l in approaches {
+        step(&format!("handoff: {}", l.name()));
+        let (samples, budget) = if l.name() == setnx.name() {
+            (
+                if q { 40 } else { 150 },
+                Duration::from_secs(if q { 8 } else { 20 }),
+            )
+        } else {
+            (
+                if q { 1_000 } else { 5_000 },
+                Duration::from_secs(if q { 8 } else { 20 }),
+            )
+        };
+        let s = measure::handoff(&server, l, 16, samples, budget);
+        let h = Handoff {
+            name: l.name(),
+            p50: pct(&s, 0.5),
+            p99: pct(&s, 0.99),
+            max: pct(&s, 1.0),
+            n: s.len(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            h.name,
+            h.n,
+            fmt_d(h.p50),
+            fmt_d(h.p99),
+            fmt_d(h.max)
+        );
+        handoffs.push(h);
+    }
+    let _ = writeln!(md, "\n![handoff latency](img/handoff.svg)");
+
+    // 3. Crash hand-over.
+    let _ = writeln!(md, "\n## 3. Crash hand-over\n");
+    let _ = writeln!(
+        md,
+        "A holder takes the lock with a 200 ms TTL and never releases; one waiter blocks. Figure: how long after \
+         the TTL (counted from the holder's request being sent) the waiter has the lock.\n"
+    );
+    let _ = writeln!(md, "| approach | rounds | p50 | max |");
+    let _ = writeln!(md, "|---|---:|---:|---:|");
+    let rounds = if q { 5 } else { 20 };
+    for l in approaches {
+        step(&format!("crash: {}", l.name()));
+        let s = measure::crash(&server, l, rounds, 200);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            l.name(),
+            s.len(),
+            fmt_d(pct(&s, 0.5)),
+            fmt_d(pct(&s, 1.0))
+        );
+    }
+
+    // 4. Fairness.
+    let _ = writeln!(md, "\n## 4. Fairness\n");
+    let rounds = if q { 5 } else { 20 };
+    let _ = writeln!(
+        md,
+        "{rounds} rounds; in each, 16 waiters arrive 5 ms apart while the lock is held, then it is released. A grant \
+         is out of order when a waiter that arrived earlier was still waiting.\n"
+    );
+    let _ = writeln!(md, "| approach | out-of-order grants | grants |");
+    let _ = writeln!(md, "|---|---:|---:|");
+    for l in approaches {
+        step(&format!("fairness: {}", l.name()));
+        let (bad, total) = measure::fairness(&server, l, rounds, 16);
+        let _ = writeln!(md, "| {} | {bad} | {total} |", l.name());
+    }
+
+    // 5. Memory.
+    let _ = writeln!(md, "\n## 5. Memory\n");
+    let n = if q { 20_000 } else { 100_000 };
+    let _ = writeln!(
+        md,
+        "`used_memory` per held lock over {n} locks (32-byte owner, TTL set).\n"
+    );
+    let _ = writeln!(md, "| approach | bytes per held lock | vs SET NX |");
+    let _ = writeln!(md, "|---|---:|---:|");
+    let mems: Vec<f64> = approaches
+        .iter()
+        .map(|l| {
+            step(&format!("memory: {}", l.name()));
+            measure::memory_per_lock(&server, *l, n)
+        })
+        .collect();
+    for (l, m) in approaches.iter().zip(&mems) {
+        let _ = writeln!(md, "| {} | {m:.0} | {:.2}x |", l.name(), m / mems[1]);
+    }
+    step("memory per waiter");
+    let waiters = if q { 500 } else { 2_000 };
+    let (module_part, client_part) = measure::memory_per_waiter(&server, waiters);
+    let _ = writeln!(
+        md,
+        "\nPer blocked waiter (module), {waiters} waiters on one lock: {module_part:.0} bytes for the wait itself \
+         (queue entry, registry, Redis's blocked-client state), on top of {client_part:.0} bytes that Redis spends on \
+         any connected client."
+    );
+
+    // 6. Scale.
+    let _ = writeln!(md, "\n## 6. Scale\n");
+    let _ = writeln!(md, "| what | figure |");
+    let _ = writeln!(md, "|---|---:|");
+    let held: &[usize] = if q {
+        &[1_000, 100_000]
+    } else {
+        &[1_000, 100_000, 1_000_000]
+    };
+    for &h in held {
+        step(&format!("scale: {h} locks held"));
+        let t = measure::cost_with_locks_held(&server, &module, h, 10_000);
+        let _ = writeln!(
+            md,
+            "| module acquire + release with {h} locks held | {t:.2} µs |"
+        );
+    }
+    let deep = if q { 2_000 } else { 10_000 };
+    step(&format!("scale: {deep} waiters"));
+    let t = measure::release_with_waiters(&server, deep, 1_000);
+    let _ = writeln!(
+        md,
+        "| release that grants the next of {deep} queued waiters | {t:.2} µs |"
+    );
+    for readers in [1usize, 10_000] {
+        step(&format!("scale: {readers} readers"));
+        let t = measure::reader_pair_with_readers(&server, readers, 10_000);
+        let _ = writeln!(
+            md,
+            "| reader acquire + release with {readers} readers holding | {t:.2} µs |"
+        );
+    }
+
+    let header = format!(
+        "# Benchmarks\n\nOne run of `{}` ({} mode) on {}: {} cores, Redis {}, server pinned to CPU 0 and the \
+         clients to CPU 1 ({}). Written by the tool; took {:.0} s.\n\n",
+        if q { "make bench-quick" } else { "make bench" },
+        if q { "quick" } else { "full" },
+        machine(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        server.version(),
+        if server::taskset_available() { "taskset" } else { "no taskset: unpinned" },
+        started.elapsed().as_secs_f64()
+    );
+    let report = header + &md;
+    if let Some(dir) = o.out.parent() {
+        let _ = std::fs::create_dir_all(dir.join("img"));
+        let _ = std::fs::write(dir.join("img/handoff.svg"), chart(&handoffs));
+    }
+    if let Err(e) = std::fs::write(&o.out, &report) {
+        eprintln!("lock-bench: cannot write {}: {e}", o.out.display());
+        std::process::exit(1);
+    }
+    println!("{report}");
+}
+
+fn machine() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "an unknown CPU".into())
+}
+
+/// A horizontal bar chart of handoff p50 and p99 per approach, on a log scale (10 µs to 1 s).
+fn chart(rows: &[Handoff]) -> String {
+    let (w, left, right, row_h, top) = (760.0, 200.0, 30.0, 56.0, 50.0);
+    let h = top + row_h * rows.len() as f64 + 50.0;
+    let span = w - left - right;
+    let x = |d: Duration| {
+        let us = (d.as_secs_f64() * 1e6).clamp(10.0, 1e6);
+        left + span * (us.log10() - 1.0) / 5.0
+    };
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="13">"#
+    );
+    let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = write!(
+        s,
+        r#"<text x="{left}" y="22" font-size="15" font-weight="bold">Handoff latency, 16 waiters (release sent to next grant), log scale</text>"#
+    );
+    for (i, label) in ["10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s"]
+        .iter()
+        .enumerate()
+    {
+        let gx = left + span * i as f64 / 5.0;
+        let _ = write!(
+            s,
+            r##"<line x1="{gx}" y1="{top}" x2="{gx}" y2="{}" stroke="#ddd"/>"##,
+            h - 40.0
+        );
+        let _ = write!(
+            s,
+            r##"<text x="{gx}" y="{}" text-anchor="middle" fill="#555">{label}</text>"##,
+            h - 22.0
+        );
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let y = top + row_h * i as f64 + 8.0;
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            left - 8.0,
+            y + 20.0,
+            r.name
+        );
+        let _ = write!(
+            s,
+            r##"<rect x="{left}" y="{y}" width="{:.1}" height="16" fill="#4c78a8"/>"##,
+            x(r.p50) - left
+        );
+        let _ = write!(
+            s,
+            r##"<rect x="{left}" y="{}" width="{:.1}" height="16" fill="#f58518"/>"##,
+            y + 18.0,
+            x(r.p99) - left
+        );
+        let _ = write!(
+            s,
+            r##"<text x="{:.1}" y="{}" fill="#333">p50 {}</text>"##,
+            x(r.p50) + 4.0,
+            y + 13.0,
+            fmt_d(r.p50)
+        );
+        let _ = write!(
+            s,
+            r##"<text x="{:.1}" y="{}" fill="#333">p99 {} (n={})</text>"##,
+            x(r.p99) + 4.0,
+            y + 31.0,
+            fmt_d(r.p99),
+            r.n
+        );
+        let _ = r.max;
+    }
+    s.push_str("</svg>\n");
+    s
+}

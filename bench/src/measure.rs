@@ -1,0 +1,404 @@
+//! The measurements. Each takes the server and a lock approach and returns figures; nothing is
+//! asserted here: targets are compared in the report.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Connection;
+
+use crate::locks::Lock;
+use crate::server::{command_usec, used_memory, Server};
+
+const LONG_TTL: u64 = 600_000;
+
+fn flush(c: &mut Connection) {
+    let _: () = redis::cmd("FLUSHALL").query(c).expect("FLUSHALL");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(c)
+        .expect("RESETSTAT");
+}
+
+/// Server time (INFO commandstats, µs) per uncontended acquire + release, over `pairs` pairs on
+/// distinct keys, one connection, no pipelining.
+pub fn server_time(server: &Server, lock: &dyn Lock, pairs: usize) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut c)
+        .expect("RESETSTAT");
+    for i in 0..pairs {
+        let key = format!("st:{}", i % 1000);
+        assert!(
+            lock.try_acquire(&mut c, &key, "me", 10_000),
+            "{}: uncontended acquire failed",
+            lock.name()
+        );
+        assert!(
+            lock.release(&mut c, &key, "me"),
+            "{}: release failed",
+            lock.name()
+        );
+    }
+    let (usec, _) = command_usec(&mut c, lock.commands());
+    usec / pairs as f64
+}
+
+/// Acquire + release pairs per second with `conns` connections, each on its own keys.
+pub fn throughput(server: &Server, lock: &dyn Lock, conns: usize, duration: Duration) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    let done = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    thread::scope(|s| {
+        for t in 0..conns {
+            let (done, stop) = (&done, &stop);
+            let mut conn = server.connect();
+            s.spawn(move || {
+                let key = format!("tp:{t}");
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if lock.try_acquire(&mut conn, &key, "me", 10_000)
+                        && lock.release(&mut conn, &key, "me")
+                    {
+                        n += 1;
+                    }
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+    });
+    done.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+}
+
+/// Contended handoff: `waiters` clients loop acquire (blocking) / release on one lock; each
+/// sample is the time from a release being sent to the next grant's reply arriving.
+pub fn handoff(
+    server: &Server,
+    lock: &dyn Lock,
+    waiters: usize,
+    samples: usize,
+    budget: Duration,
+) -> Vec<Duration> {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    let key = "handoff";
+    let released_at: Mutex<Option<Instant>> = Mutex::new(None);
+    let out: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    assert!(lock.try_acquire(&mut c, key, "starter", LONG_TTL));
+    let deadline = Instant::now() + budget;
+    thread::scope(|s| {
+        for w in 0..waiters {
+            let (released_at, out, stop) = (&released_at, &out, &stop);
+            let mut conn = server.connect();
+            s.spawn(move || {
+                let owner = format!("w{w}");
+                while !stop.load(Ordering::Relaxed) {
+                    if !lock.acquire(&mut conn, key, &owner, LONG_TTL, Duration::from_secs(30)) {
+                        continue;
+                    }
+                    let granted = Instant::now();
+                    if let Some(t0) = released_at.lock().unwrap().take() {
+                        let mut v = out.lock().unwrap();
+                        v.push(granted.duration_since(t0));
+                        if v.len() >= samples || Instant::now() >= deadline {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                    lock.release(&mut conn, key, &owner);
+                }
+            });
+        }
+        // Let every waiter queue, then start the chain.
+        thread::sleep(Duration::from_millis(200));
+        *released_at.lock().unwrap() = Some(Instant::now());
+        lock.release(&mut c, key, "starter");
+    });
+    out.into_inner().unwrap()
+}
+
+/// Crash hand-over: a holder takes the lock with `ttl_ms` and never releases; one waiter
+/// blocks. Each sample: grant time minus (the holder's request time + ttl).
+pub fn crash(server: &Server, lock: &dyn Lock, rounds: usize, ttl_ms: u64) -> Vec<Duration> {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    let mut w = server.connect();
+    let mut out = Vec::new();
+    for r in 0..rounds {
+        let key = format!("crash:{r}");
+        let sent = Instant::now();
+        assert!(lock.try_acquire(&mut c, &key, "crashed", ttl_ms));
+        let expires = sent + Duration::from_millis(ttl_ms);
+        assert!(
+            lock.acquire(&mut w, &key, "heir", LONG_TTL, Duration::from_secs(30)),
+            "waiter never granted"
+        );
+        out.push(Instant::now().saturating_duration_since(expires));
+        lock.release(&mut w, &key, "heir");
+    }
+    out
+}
+
+/// Fairness: per round a holder holds the lock while `waiters` clients arrive 5 ms apart, then
+/// releases; each grant is out of order when an earlier arrival was still waiting. Returns
+/// (out-of-order grants, grants).
+pub fn fairness(server: &Server, lock: &dyn Lock, rounds: usize, waiters: usize) -> (usize, usize) {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    let mut out_of_order = 0;
+    let mut grants = 0;
+    for r in 0..rounds {
+        let key = format!("fair:{r}");
+        assert!(lock.try_acquire(&mut c, &key, "holder", LONG_TTL));
+        let order: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+        thread::scope(|s| {
+            for i in 0..waiters {
+                let (order, key) = (&order, &key);
+                let mut conn = server.connect();
+                s.spawn(move || {
+                    let owner = format!("w{i}");
+                    if lock.acquire(&mut conn, key, &owner, LONG_TTL, Duration::from_secs(60)) {
+                        order.lock().unwrap().push(i);
+                        thread::sleep(Duration::from_millis(1));
+                        lock.release(&mut conn, key, &owner);
+                    }
+                });
+                thread::sleep(Duration::from_millis(5));
+            }
+            thread::sleep(Duration::from_millis(20));
+            lock.release(&mut c, &key, "holder");
+        });
+        let order = order.into_inner().unwrap();
+        let mut waiting: Vec<usize> = (0..waiters).collect();
+        for granted in order {
+            if waiting.first() != Some(&granted) {
+                out_of_order += 1;
+            }
+            waiting.retain(|&x| x != granted);
+            grants += 1;
+        }
+    }
+    (out_of_order, grants)
+}
+
+/// Bytes of `used_memory` per held lock, over `n` locks with 32-byte owners.
+pub fn memory_per_lock(server: &Server, lock: &dyn Lock, n: usize) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    thread::sleep(Duration::from_millis(100));
+    let before = used_memory(&mut c);
+    fill(&mut c, lock, "mem", n);
+    let after = used_memory(&mut c);
+    (after - before) / n as f64
+}
+
+/// Holds `n` locks `{prefix}:{i}` (pipelined).
+pub fn fill(c: &mut Connection, lock: &dyn Lock, prefix: &str, n: usize) {
+    let owner = "0123456789abcdef0123456789abcdef";
+    for start in (0..n).step_by(1000) {
+        let mut p = redis::pipe();
+        for i in start..(start + 1000).min(n) {
+            p.add_command(lock.acquire_cmd(&format!("{prefix}:{i}"), owner, LONG_TTL))
+                .ignore();
+        }
+        let _: () = p.query(c).expect("fill");
+    }
+}
+
+/// Raw connections that send one command each and never read: clients that stay blocked.
+struct RawClients(Vec<TcpStream>);
+
+impl RawClients {
+    fn open(server: &Server, n: usize) -> RawClients {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut s = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+            s.write_all(b"*1\r\n$4\r\nPING\r\n").expect("write");
+            let mut buf = [0u8; 7];
+            s.read_exact(&mut buf).expect("PONG");
+            v.push(s);
+        }
+        RawClients(v)
+    }
+
+    fn send_each(&mut self, mut command: impl FnMut(usize) -> Vec<String>) {
+        for (i, s) in self.0.iter_mut().enumerate() {
+            let words = command(i);
+            let mut out = format!("*{}\r\n", words.len());
+            for w in words {
+                out.push_str(&format!("${}\r\n{w}\r\n", w.len()));
+            }
+            s.write_all(out.as_bytes()).expect("write");
+        }
+    }
+}
+
+fn waiting(c: &mut Connection, key: &str) -> i64 {
+    let v: Vec<redis::Value> = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(c)
+        .unwrap_or_default();
+    v.chunks(2)
+        .find_map(|p| match (&p[0], &p[1]) {
+            (redis::Value::BulkString(k), redis::Value::Int(n)) if k == b"waiting" => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+fn wait_for_waiting(c: &mut Connection, key: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while waiting(c, key) < n as i64 {
+        assert!(Instant::now() < deadline, "waiters did not queue");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Bytes per blocked waiter of the module: (module's and the blocked state's part, Redis's
+/// per-connection part), measured with `n` connections idle and then all queued on one lock.
+pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64) {
+    let mut c = server.connect();
+    flush(&mut c);
+    let _: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("wm")
+        .arg("holder")
+        .arg(LONG_TTL)
+        .query(&mut c)
+        .expect("acquire");
+    thread::sleep(Duration::from_millis(100));
+    let base = used_memory(&mut c);
+    let mut raw = RawClients::open(server, n);
+    thread::sleep(Duration::from_millis(100));
+    let idle = used_memory(&mut c);
+    raw.send_each(|i| {
+        vec![
+            "LOCK.ACQUIRE".into(),
+            "wm".into(),
+            format!("0123456789abcdef0123456789abc{i:03}"),
+            LONG_TTL.to_string(),
+            "WAIT".into(),
+            "0".into(),
+        ]
+    });
+    wait_for_waiting(&mut c, "wm", n);
+    let queued = used_memory(&mut c);
+    drop(raw);
+    ((queued - idle) / n as f64, (idle - base) / n as f64)
+}
+
+/// Module server time per acquire + release (µs) with `held` other locks held.
+pub fn cost_with_locks_held(server: &Server, lock: &dyn Lock, held: usize, pairs: usize) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    lock.prepare(&mut c);
+    fill(&mut c, lock, "held", held);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut c)
+        .expect("RESETSTAT");
+    for batch in 0..pairs / 100 {
+        let mut p = redis::pipe();
+        for j in 0..100 {
+            let key = format!("probe:{batch}:{j}");
+            p.add_command(lock.acquire_cmd(&key, "me", 10_000)).ignore();
+        }
+        let _: () = p.query(&mut c).expect("probe acquire");
+        for j in 0..100 {
+            lock.release(&mut c, &format!("probe:{batch}:{j}"), "me");
+        }
+    }
+    let (usec, _) = command_usec(&mut c, lock.commands());
+    usec / (pairs / 100 * 100) as f64
+}
+
+/// Server time (µs) of one LOCK.RELEASE that grants the next of `n` queued waiters, measured
+/// over `releases` releases while the queue is that deep.
+pub fn release_with_waiters(server: &Server, n: usize, releases: usize) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    let _: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("deep")
+        .arg("w-holder")
+        .arg(LONG_TTL)
+        .query(&mut c)
+        .expect("acquire");
+    let mut raw = RawClients::open(server, n);
+    raw.send_each(|i| {
+        vec![
+            "LOCK.ACQUIRE".into(),
+            "deep".into(),
+            format!("w{i}"),
+            LONG_TTL.to_string(),
+            "WAIT".into(),
+            "0".into(),
+        ]
+    });
+    wait_for_waiting(&mut c, "deep", n);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut c)
+        .expect("RESETSTAT");
+    let mut current = "w-holder".to_string();
+    for i in 0..releases.min(n) {
+        let _: i64 = redis::cmd("LOCK.RELEASE")
+            .arg("deep")
+            .arg(&current)
+            .query(&mut c)
+            .expect("release");
+        current = format!("w{i}");
+    }
+    let (usec, calls) = command_usec(&mut c, &["lock.release"]);
+    drop(raw);
+    usec / calls.max(1.0)
+}
+
+/// Server time (µs) per reader acquire + release with `readers` readers already holding.
+pub fn reader_pair_with_readers(server: &Server, readers: usize, pairs: usize) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    for start in (0..readers).step_by(1000) {
+        let mut p = redis::pipe();
+        for i in start..(start + 1000).min(readers) {
+            p.cmd("LOCK.RWREAD")
+                .arg("shared")
+                .arg(format!("reader-{i}"))
+                .arg(LONG_TTL)
+                .ignore();
+        }
+        let _: () = p.query(&mut c).expect("readers");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut c)
+        .expect("RESETSTAT");
+    for batch in 0..pairs / 100 {
+        let mut p = redis::pipe();
+        for j in 0..100 {
+            let owner = format!("probe-{batch}-{j}");
+            p.cmd("LOCK.RWREAD")
+                .arg("shared")
+                .arg(&owner)
+                .arg(10_000)
+                .ignore();
+            p.cmd("LOCK.RELEASE").arg("shared").arg(&owner).ignore();
+        }
+        let _: () = p.query(&mut c).expect("probe");
+    }
+    let (usec, _) = command_usec(&mut c, &["lock.rwread", "lock.release"]);
+    usec / (pairs / 100 * 100) as f64
+}
