@@ -6,7 +6,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps build run test unit integration lint fmt clippy clean
+.PHONY: all deps build run test unit integration lint fmt clippy clean bench bench-quick
 
 all: build
 
@@ -27,6 +27,21 @@ test: deps
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
 	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client
+
+# Benchmarks: the module against SET NX + polling and a Lua fair lock, in one run, on a server
+# the tool starts itself. With two or more CPUs the server runs on CPU 0 and the clients on 1.
+BENCH_PIN := $(shell [ "$$(nproc)" -ge 2 ] && command -v taskset >/dev/null && echo "taskset -c 1")
+
+bench: deps
+	$(CARGO) build --release
+	$(CARGO) build --release -p redis-lock-bench
+	$(BENCH_PIN) target/release/lock-bench --out docs/benchmarks.md
+
+# Same measurements, fewer samples (under 2 minutes); writes target/bench-quick/benchmarks.md.
+bench-quick: deps
+	$(CARGO) build --release
+	$(CARGO) build --release -p redis-lock-bench
+	$(BENCH_PIN) target/release/lock-bench --quick --out target/bench-quick/benchmarks.md
 
 lint: deps
 	$(CARGO) fmt --all --check

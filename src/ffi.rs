@@ -805,41 +805,60 @@ pub fn register_debug_panic(ctx: &Context) -> Result<(), String> {
     }
 }
 
-/// One holder's state as `LOCK.SYNC` carries it (see `replication`).
-pub struct SyncFields<'a> {
-    pub key: &'a [u8],
-    pub owner: &'a [u8],
-    pub count: u64,
-    pub mode: &'static std::ffi::CStr,
-    pub expires_at: u64,
-    pub token: u64,
-    pub fence: u64,
-    pub counter: u64,
-}
-
-/// Propagates `LOCK.SYNC` to replicas and the AOF. Redis builds the arguments from the raw
-/// values (buffers and integers), so no intermediate strings are allocated here.
-pub fn replicate_sync(ctx: &Context, f: &SyncFields<'_>) {
-    let ll = |v: u64| std::ffi::c_longlong::try_from(v).unwrap_or(std::ffi::c_longlong::MAX);
+/// Propagates `LOCK.SYNC key owner state` to replicas and the AOF. Redis builds the three
+/// arguments from the buffers (format `b`), so nothing else is allocated here.
+pub fn replicate_sync(ctx: &Context, key: &[u8], owner: &[u8], state: &[u8]) {
     // SAFETY: ctx is the live context of the current command or callback; the format matches
-    // the arguments (b = pointer + length, c = NUL-terminated string, l = long long) and every
-    // buffer outlives the call, which copies them.
+    // the arguments (b = pointer + length) and every buffer outlives the call, which copies them.
     unsafe {
         if let Some(replicate) = raw::RedisModule_Replicate {
             replicate(
                 ctx.ctx,
                 c"LOCK.SYNC".as_ptr(),
-                c"bblcllll".as_ptr(),
-                f.key.as_ptr(),
-                f.key.len(),
-                f.owner.as_ptr(),
-                f.owner.len(),
-                ll(f.count),
-                f.mode.as_ptr(),
-                ll(f.expires_at),
-                ll(f.token),
-                ll(f.fence),
-                ll(f.counter),
+                c"bbb".as_ptr(),
+                key.as_ptr(),
+                key.len(),
+                owner.as_ptr(),
+                owner.len(),
+                state.as_ptr(),
+                state.len(),
+            );
+        }
+    }
+}
+
+/// Emits `LOCK.SYNC key owner state` into an AOF rewrite.
+pub fn emit_sync(io: *mut raw::RedisModuleIO, key: &[u8], owner: &[u8], state: &[u8]) {
+    // SAFETY: io is the live rewrite handle of the current aof_rewrite callback; the format
+    // matches the arguments (b = pointer + length) and the buffers outlive the call.
+    unsafe {
+        if let Some(emit) = raw::RedisModule_EmitAOF {
+            emit(
+                io,
+                c"LOCK.SYNC".as_ptr(),
+                c"bbb".as_ptr(),
+                key.as_ptr(),
+                key.len(),
+                owner.as_ptr(),
+                owner.len(),
+                state.as_ptr(),
+                state.len(),
+            );
+        }
+    }
+}
+
+/// Sends a keyspace notification of the module class (`d`) for `key`. The event name is a
+/// static C string, so nothing is allocated when notifications are off.
+pub fn notify_module_event(ctx: &Context, event: &std::ffi::CStr, key: &RedisString) {
+    // SAFETY: ctx and key are live for this call; event is NUL-terminated and 'static.
+    unsafe {
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(
+                ctx.ctx,
+                raw::REDISMODULE_NOTIFY_MODULE as c_int,
+                event.as_ptr(),
+                key.inner,
             );
         }
     }

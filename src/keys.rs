@@ -6,7 +6,7 @@
 //! delete the key when the lock is empty, otherwise set the key's Redis expiry to the last
 //! holder's and arm the timer for the first.
 
-use redis_module::{Context, NotifyEvent, RedisError, RedisString};
+use redis_module::{Context, RedisError, RedisString};
 
 use crate::datatype::{lock_type, LockValue};
 use crate::ffi::{KeyKind, RawKey};
@@ -14,9 +14,24 @@ use crate::lock::{Event, Lock, Millis, Step};
 use crate::stats::Gauges;
 use crate::{blocking, expiry, ffi, replication, stats};
 
+/// The key's name: the command's own argument when there is one (no copy), else a new string.
+enum Name<'a> {
+    Arg(&'a RedisString),
+    Owned(RedisString),
+}
+
+impl Name<'_> {
+    fn get(&self) -> &RedisString {
+        match self {
+            Name::Arg(s) => s,
+            Name::Owned(s) => s,
+        }
+    }
+}
+
 pub struct LockKey<'a> {
     ctx: &'a Context,
-    name: RedisString,
+    name: Name<'a>,
     db: i32,
     raw: RawKey,
     /// Propagate changes as LOCK.SYNC (off while applying a LOCK.SYNC itself: Redis forwards
@@ -27,17 +42,22 @@ pub struct LockKey<'a> {
 impl<'a> LockKey<'a> {
     /// Opens `name` for writing in the context's selected database.
     pub fn open(ctx: &'a Context, name: &[u8]) -> Self {
-        Self::open_mode(ctx, name, true)
+        Self::open_mode(ctx, Name::Owned(ctx.create_string(name)), true)
     }
 
-    /// Opens `name` for reading only (LOCK.INFO, which also runs on replicas).
-    pub fn open_read(ctx: &'a Context, name: &[u8]) -> Self {
-        Self::open_mode(ctx, name, false)
+    /// Opens the key a command names, for writing.
+    pub fn open_arg(ctx: &'a Context, name: &'a RedisString) -> Self {
+        Self::open_mode(ctx, Name::Arg(name), true)
     }
 
-    fn open_mode(ctx: &'a Context, name: &[u8], write: bool) -> Self {
-        let name = ctx.create_string(name);
-        let raw = RawKey::open(ctx, &name, lock_type(), write);
+    /// Opens the key a command names, for reading only (LOCK.INFO, which also runs on
+    /// replicas).
+    pub fn open_arg_read(ctx: &'a Context, name: &'a RedisString) -> Self {
+        Self::open_mode(ctx, Name::Arg(name), false)
+    }
+
+    fn open_mode(ctx: &'a Context, name: Name<'a>, write: bool) -> Self {
+        let raw = RawKey::open(ctx, name.get(), lock_type(), write);
         LockKey {
             ctx,
             db: ffi::selected_db(ctx),
@@ -106,9 +126,8 @@ impl<'a> LockKey<'a> {
     }
 
     /// Sends a keyspace notification of the module class for this key.
-    pub fn notify(&self, event: &str) {
-        self.ctx
-            .notify_keyspace_event(NotifyEvent::MODULE, event, &self.name);
+    pub fn notify(&self, event: &std::ffi::CStr) {
+        ffi::notify_module_event(self.ctx, event, self.name.get());
     }
 
     /// Finishes an operation: serves granted waiters, counts and notifies what happened,
@@ -126,12 +145,12 @@ impl<'a> LockKey<'a> {
                 } => {
                     blocking::deliver_grant(waiter, token);
                     stats::count_grant();
-                    self.notify("lock.acquire");
+                    self.notify(c"lock.acquire");
                     changed.push(owner);
                 }
                 Event::Expired { owner, .. } => {
                     stats::count_expirations(1);
-                    self.notify("lock.expire");
+                    self.notify(c"lock.expire");
                     changed.push(owner);
                 }
                 Event::Updated { owner } => changed.push(owner),
@@ -146,7 +165,12 @@ impl<'a> LockKey<'a> {
             // Removals first, so a replica never sees a writer beside the readers it replaces.
             changed.sort_by_key(|o| value.lock.holders().get(o).is_some());
             for owner in &changed {
-                replication::replicate_owner(self.ctx, self.name.as_slice(), owner, &value.lock);
+                replication::replicate_owner(
+                    self.ctx,
+                    self.name.get().as_slice(),
+                    owner,
+                    &value.lock,
+                );
             }
         }
         stats::update_gauges(before, Gauges::of(&value.lock));
@@ -155,7 +179,7 @@ impl<'a> LockKey<'a> {
             return;
         }
         let last: Option<Millis> = value.lock.last_expiry();
-        expiry::arm(self.ctx, self.db, self.name.as_slice(), value);
+        expiry::arm(self.ctx, self.db, self.name.get().as_slice(), value);
         if let Some(at) = last {
             self.raw.set_abs_expire(at);
         }

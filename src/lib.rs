@@ -46,7 +46,7 @@ mod module {
             ("lock.release", -3, KeyAccess::ReadWrite),
             ("lock.extend", 4, KeyAccess::ReadWrite),
             ("lock.info", 2, KeyAccess::ReadOnly),
-            ("lock.sync", 9, KeyAccess::ReadWrite),
+            ("lock.sync", 4, KeyAccess::ReadWrite),
         ];
         for (name, arity, access) in commands {
             if let Err(e) = ffi::set_command_info(ctx, name, arity, access) {

@@ -138,7 +138,7 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
     if expired > 0 {
         stats::count_expirations(expired);
         for _ in 0..expired {
-            lock_key.notify("lock.expire");
+            lock_key.notify(c"lock.expire");
         }
     }
     let waiting = blocking::queued_at(db, key);

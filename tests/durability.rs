@@ -199,17 +199,7 @@ fn lock_sync_is_refused_from_clients() {
     let mut c = server.client();
     let e = err(
         &mut c,
-        &[
-            "LOCK.SYNC",
-            "k",
-            "o",
-            "1",
-            "write",
-            "99999999999999",
-            "5",
-            "5",
-            "5",
-        ],
+        &["LOCK.SYNC", "k", "o", "1 write 99999999999999 5 5 5"],
     );
     assert!(e.contains("internal"), "{e}");
     assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);

@@ -93,17 +93,16 @@ fn main() {
     // 1. Server time and throughput.
     step("server time per acquire + release");
     let pairs = if q { 5_000 } else { 20_000 };
-    let times: Vec<f64> = approaches
-        .iter()
-        .map(|l| measure::server_time(&server, *l, pairs))
-        .collect();
+    let rounds = 7;
+    let times = measure::server_times(&server, &approaches, pairs / rounds, rounds);
     let floor = times[1];
     let _ = writeln!(md, "## 1. Server time and throughput, uncontended\n");
     let _ = writeln!(
         md,
-        "Server time is INFO commandstats µs per acquire + release ({pairs} pairs, one connection, distinct keys). \
+        "Server time is INFO commandstats µs per acquire + release, one connection, no pipelining: the median of 7 rounds of {} pairs, the approaches taking turns. \
          Throughput is acquire + release pairs per second with N connections, each on its own lock, no pipelining \
          ({} s each). The SET NX row is the floor: `SET key token NX PX ttl` + the compare-and-delete script.\n",
+        pairs / rounds,
         if q { 1 } else { 3 }
     );
     let _ = writeln!(
@@ -184,9 +183,13 @@ fn main() {
     let _ = writeln!(md, "| approach | rounds | p50 | max |");
     let _ = writeln!(md, "|---|---:|---:|---:|");
     let rounds = if q { 5 } else { 20 };
+    let mut module_crash_max = Duration::ZERO;
     for l in approaches {
         step(&format!("crash: {}", l.name()));
         let s = measure::crash(&server, l, rounds, 200);
+        if l.name() == module.name() {
+            module_crash_max = pct(&s, 1.0);
+        }
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} |",
@@ -207,9 +210,13 @@ fn main() {
     );
     let _ = writeln!(md, "| approach | out-of-order grants | grants |");
     let _ = writeln!(md, "|---|---:|---:|");
+    let mut module_out_of_order = 0;
     for l in approaches {
         step(&format!("fairness: {}", l.name()));
         let (bad, total) = measure::fairness(&server, l, rounds, 16);
+        if l.name() == module.name() {
+            module_out_of_order = bad;
+        }
         let _ = writeln!(md, "| {} | {bad} | {total} |", l.name());
     }
 
@@ -234,12 +241,15 @@ fn main() {
     }
     step("memory per waiter");
     let waiters = if q { 500 } else { 2_000 };
-    let (module_part, client_part) = measure::memory_per_waiter(&server, waiters);
+    let (module_part, pool_part, client_part) = measure::memory_per_waiter(&server, waiters);
     let _ = writeln!(
         md,
-        "\nPer blocked waiter (module), {waiters} waiters on one lock: {module_part:.0} bytes for the wait itself \
-         (queue entry, registry, Redis's blocked-client state), on top of {client_part:.0} bytes that Redis spends on \
-         any connected client."
+        "\nPer blocked waiter, {waiters} waiters on one lock. Baseline: as many clients blocked in BLPOP on one list \
+         ({client_part:.0} bytes each: what Redis spends on any connection blocked in a command).\n\n\
+         | part | bytes per waiter |\n|---|---:|\n\
+         | the module's own data (queue entry, blocked-client registry) | {module_part:.0} |\n\
+         | Redis 7.0's two temp clients per module-blocked client (`moduleBlockClient`; pooled and reused) | {pool_part:.0} |\n\
+         | any connection blocked in a command (BLPOP baseline) | {client_part:.0} |"
     );
 
     // 6. Scale.
@@ -251,12 +261,15 @@ fn main() {
     } else {
         &[1_000, 100_000, 1_000_000]
     };
+    let mut held_costs = Vec::new();
     for &h in held {
         step(&format!("scale: {h} locks held"));
         let t = measure::cost_with_locks_held(&server, &module, h, 10_000);
+        held_costs.push((h, t));
+        let base = measure::cost_with_locks_held(&server, &setnx, h, 10_000);
         let _ = writeln!(
             md,
-            "| module acquire + release with {h} locks held | {t:.2} µs |"
+            "| acquire + release with {h} locks held: module / SET NX baseline | {t:.2} µs / {base:.2} µs |"
         );
     }
     let deep = if q { 2_000 } else { 10_000 };
@@ -275,13 +288,70 @@ fn main() {
         );
     }
 
+    // Targets: figures compared, nothing asserted.
+    let module_handoff_p99 = handoffs.first().map_or(Duration::ZERO, |h| h.p99);
+    let (first_held, last_held) = (held_costs.first().copied(), held_costs.last().copied());
+    let flat = match (first_held, last_held) {
+        (Some((a, ta)), Some((b, tb))) => format!("{:.2}x from {a} to {b} locks", tb / ta),
+        _ => "n/a".into(),
+    };
+    let flat_ratio = match (first_held, last_held) {
+        (Some((_, ta)), Some((_, tb))) => tb / ta,
+        _ => f64::NAN,
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "missed" };
+    let mut targets = String::new();
+    let _ = writeln!(
+        targets,
+        "## Targets
+"
+    );
+    let _ = writeln!(targets, "| target | figure | |");
+    let _ = writeln!(targets, "|---|---:|---|");
+    let rows: [(&str, String, bool); 6] = [
+        (
+            "server time per acquire + release at most 1.2x SET NX PX + compare-and-delete",
+            format!("{:.2}x", times[0] / floor),
+            times[0] / floor <= 1.2,
+        ),
+        (
+            "handoff p99 at most 0.2 ms (16 waiters)",
+            fmt_d(module_handoff_p99),
+            module_handoff_p99 <= Duration::from_micros(200),
+        ),
+        (
+            "crash hand-over at most 5 ms (worst round)",
+            fmt_d(module_crash_max),
+            module_crash_max <= Duration::from_millis(5),
+        ),
+        (
+            "0 out-of-order grants",
+            module_out_of_order.to_string(),
+            module_out_of_order == 0,
+        ),
+        (
+            "memory per held lock at most 1.5x a SET NX key",
+            format!("{:.2}x", mems[0] / mems[1]),
+            mems[0] / mems[1] <= 1.5,
+        ),
+        (
+            "acquire + release cost flat with the number of locks held (within 1.3x)",
+            flat,
+            flat_ratio <= 1.3,
+        ),
+    ];
+    for (what, figure, ok) in rows {
+        let _ = writeln!(targets, "| {what} | {figure} | {} |", verdict(ok));
+    }
+    let _ = writeln!(targets);
+    let md = targets + &md;
     let header = format!(
         "# Benchmarks\n\nOne run of `{}` ({} mode) on {}: {} cores, Redis {}, server pinned to CPU 0 and the \
          clients to CPU 1 ({}). Written by the tool; took {:.0} s.\n\n",
         if q { "make bench-quick" } else { "make bench" },
         if q { "quick" } else { "full" },
         machine(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        online_cpus(),
         server.version(),
         if server::taskset_available() { "taskset" } else { "no taskset: unpinned" },
         started.elapsed().as_secs_f64()
@@ -298,6 +368,14 @@ fn main() {
     println!("{report}");
 }
 
+/// CPUs of the machine (not of this pinned process).
+fn online_cpus() -> usize {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|t| t.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn machine() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -312,7 +390,7 @@ fn machine() -> String {
 
 /// A horizontal bar chart of handoff p50 and p99 per approach, on a log scale (10 µs to 1 s).
 fn chart(rows: &[Handoff]) -> String {
-    let (w, left, right, row_h, top) = (760.0, 200.0, 30.0, 56.0, 50.0);
+    let (w, left, right, row_h, top) = (900.0, 200.0, 170.0, 56.0, 50.0);
     let h = top + row_h * rows.len() as f64 + 50.0;
     let span = w - left - right;
     let x = |d: Duration| {
@@ -327,7 +405,7 @@ fn chart(rows: &[Handoff]) -> String {
     let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = write!(
         s,
-        r#"<text x="{left}" y="22" font-size="15" font-weight="bold">Handoff latency, 16 waiters (release sent to next grant), log scale</text>"#
+        r#"<text x="10" y="22" font-size="15" font-weight="bold">Handoff latency, 16 waiters (release sent to next grant), log scale</text>"#
     );
     for (i, label) in ["10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s"]
         .iter()

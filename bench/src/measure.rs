@@ -23,31 +23,46 @@ fn flush(c: &mut Connection) {
         .expect("RESETSTAT");
 }
 
-/// Server time (INFO commandstats, µs) per uncontended acquire + release, over `pairs` pairs on
-/// distinct keys, one connection, no pipelining.
-pub fn server_time(server: &Server, lock: &dyn Lock, pairs: usize) -> f64 {
+/// Server time (INFO commandstats, µs) per uncontended acquire + release, one connection, no
+/// pipelining. The approaches take turns over `rounds` rounds of `pairs` pairs each and every
+/// approach's median round is reported, so drift on a shared machine hits all of them alike.
+pub fn server_times(server: &Server, locks: &[&dyn Lock], pairs: usize, rounds: usize) -> Vec<f64> {
     let mut c = server.connect();
     flush(&mut c);
-    lock.prepare(&mut c);
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut c)
-        .expect("RESETSTAT");
-    for i in 0..pairs {
-        let key = format!("st:{}", i % 1000);
-        assert!(
-            lock.try_acquire(&mut c, &key, "me", 10_000),
-            "{}: uncontended acquire failed",
-            lock.name()
-        );
-        assert!(
-            lock.release(&mut c, &key, "me"),
-            "{}: release failed",
-            lock.name()
-        );
+    for l in locks {
+        l.prepare(&mut c);
     }
-    let (usec, _) = command_usec(&mut c, lock.commands());
-    usec / pairs as f64
+    let mut per_lock: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
+    for _ in 0..rounds {
+        for (lock, out) in locks.iter().zip(per_lock.iter_mut()) {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(&mut c)
+                .expect("RESETSTAT");
+            for i in 0..pairs {
+                let key = format!("st:{}", i % 1000);
+                assert!(
+                    lock.try_acquire(&mut c, &key, "me", 10_000),
+                    "{}: uncontended acquire failed",
+                    lock.name()
+                );
+                assert!(
+                    lock.release(&mut c, &key, "me"),
+                    "{}: release failed",
+                    lock.name()
+                );
+            }
+            let (usec, _) = command_usec(&mut c, lock.commands());
+            out.push(usec / pairs as f64);
+        }
+    }
+    per_lock
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        })
+        .collect()
 }
 
 /// Acquire + release pairs per second with `conns` connections, each on its own keys.
@@ -142,6 +157,9 @@ pub fn crash(server: &Server, lock: &dyn Lock, rounds: usize, ttl_ms: u64) -> Ve
         let sent = Instant::now();
         assert!(lock.try_acquire(&mut c, &key, "crashed", ttl_ms));
         let expires = sent + Duration::from_millis(ttl_ms);
+        // Start waiting at a different moment each round (0-97 ms after the holder), so that
+        // a poll period never lines up with the TTL by construction.
+        thread::sleep(Duration::from_millis((r as u64 * 37) % 98));
         assert!(
             lock.acquire(&mut w, &key, "heir", LONG_TTL, Duration::from_secs(30)),
             "waiter never granted"
@@ -269,9 +287,12 @@ fn wait_for_waiting(c: &mut Connection, key: &str, n: usize) {
     }
 }
 
-/// Bytes per blocked waiter of the module: (module's and the blocked state's part, Redis's
-/// per-connection part), measured with `n` connections idle and then all queued on one lock.
-pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64) {
+/// Bytes per blocked waiter, in three parts: (the module's own data, Redis 7.0's two pooled
+/// temp clients per module-blocked client, what Redis spends on any connection blocked in a
+/// command). Baseline: `n` connections blocked in BLPOP. Then `n` waiters that time out (which
+/// leaves Redis's temp-client pool warm), then `n` waiters again: the second round costs the
+/// module's data plus the blocked connection; the first round's extra is Redis's pool growing.
+pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64, f64) {
     let mut c = server.connect();
     flush(&mut c);
     let _: i64 = redis::cmd("LOCK.ACQUIRE")
@@ -280,25 +301,50 @@ pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64) {
         .arg(LONG_TTL)
         .query(&mut c)
         .expect("acquire");
-    thread::sleep(Duration::from_millis(100));
+    let settle = || thread::sleep(Duration::from_millis(300));
+    let waiter_cmd = |wait: &'static str| {
+        move |i: usize| {
+            vec![
+                "LOCK.ACQUIRE".into(),
+                "wm".into(),
+                format!("owner-{i:05}"),
+                LONG_TTL.to_string(),
+                "WAIT".into(),
+                wait.to_string(),
+            ]
+        }
+    };
+    settle();
     let base = used_memory(&mut c);
-    let mut raw = RawClients::open(server, n);
-    thread::sleep(Duration::from_millis(100));
-    let idle = used_memory(&mut c);
-    raw.send_each(|i| {
-        vec![
-            "LOCK.ACQUIRE".into(),
-            "wm".into(),
-            format!("0123456789abcdef0123456789abc{i:03}"),
-            LONG_TTL.to_string(),
-            "WAIT".into(),
-            "0".into(),
-        ]
-    });
+    let mut blpop = RawClients::open(server, n);
+    // All on one list, like the lock waiters on one lock: per client, only the connection and
+    // Redis's blocked state.
+    blpop.send_each(|_| vec!["BLPOP".into(), "one-list".into(), "0".into()]);
+    settle();
+    let per_blpop = (used_memory(&mut c) - base) / n as f64;
+    drop(blpop);
+    settle();
+
+    let cold_base = used_memory(&mut c);
+    let mut cold = RawClients::open(server, n);
+    cold.send_each(waiter_cmd("3000"));
     wait_for_waiting(&mut c, "wm", n);
-    let queued = used_memory(&mut c);
-    drop(raw);
-    ((queued - idle) / n as f64, (idle - base) / n as f64)
+    settle();
+    let per_cold = (used_memory(&mut c) - cold_base) / n as f64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting(&mut c, "wm") > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    drop(cold);
+    // No pause here: Redis frees unused pooled temp clients (50 per modulesCron run), and the
+    // warm round must find them still pooled.
+    let warm_base = used_memory(&mut c);
+    let mut warm = RawClients::open(server, n);
+    warm.send_each(waiter_cmd("0"));
+    wait_for_waiting(&mut c, "wm", n);
+    let per_warm = (used_memory(&mut c) - warm_base) / n as f64;
+    drop(warm);
+    (per_warm - per_blpop, per_cold - per_warm, per_blpop)
 }
 
 /// Module server time per acquire + release (µs) with `held` other locks held.

@@ -46,11 +46,12 @@ pub fn rwread(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResult {
-    let bytes = slices(args);
-    let [_, key, rest @ ..] = &bytes[..] else {
+    let [_, key_arg, rest @ ..] = args else {
         return Err(RedisError::WrongArity);
     };
-    let req = parse::acquire(rest).map_err(arg_error)?;
+    let key = key_arg.as_slice();
+    let rest = slices(rest);
+    let req = parse::acquire(&rest).map_err(arg_error)?;
     let db = ffi::selected_db(ctx);
     reconcile::run_for(ctx, db, key);
 
@@ -58,7 +59,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
     let may_block = !ctx
         .get_flags()
         .intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
-    let mut lock_key = LockKey::open(ctx, key);
+    let mut lock_key = LockKey::open_arg(ctx, key_arg);
     let queue_full = lock_key.existing_or_new()?.lock.queue().len() >= crate::config::max_waiters();
     let wants_to_wait = req.wait.is_some() && may_block;
     let wait_id = (wants_to_wait && !queue_full).then(blocking::next_id);
@@ -68,7 +69,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
     match outcome {
         Acquired::Granted { token, .. } => {
             stats::count_grant();
-            lock_key.notify("lock.acquire");
+            lock_key.notify(c"lock.acquire");
             Ok(RedisValue::Integer(
                 i64::try_from(token).unwrap_or(i64::MAX),
             ))
@@ -100,13 +101,15 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
 /// LOCK.RELEASE key owner [ALL]
 pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard("LOCK.RELEASE", || {
-        let bytes = slices(&args);
-        let [_, key, rest @ ..] = &bytes[..] else {
+        let [_, key_arg, rest @ ..] = &args[..] else {
             return Err(RedisError::WrongArity);
         };
+        let key = key_arg.as_slice();
+        let rest = slices(rest);
+        let rest = &rest[..];
         let (owner, all) = parse::release(rest).map_err(arg_error)?;
         reconcile::run_for(ctx, ffi::selected_db(ctx), key);
-        let mut lock_key = LockKey::open(ctx, key);
+        let mut lock_key = LockKey::open_arg(ctx, key_arg);
         if lock_key.existing()?.is_none() {
             return Err(RedisError::Str(NOT_OWNER));
         }
@@ -114,7 +117,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             .apply(|lock, step| lock.release(owner, all, step))
             .ok_or(RedisError::Str(NOT_OWNER))?
             .map_err(|_| RedisError::Str(NOT_OWNER))?;
-        lock_key.notify("lock.release");
+        lock_key.notify(c"lock.release");
         Ok(RedisValue::Integer(
             i64::try_from(remaining).unwrap_or(i64::MAX),
         ))
@@ -124,13 +127,15 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// LOCK.EXTEND key owner ttl
 pub fn extend(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard("LOCK.EXTEND", || {
-        let bytes = slices(&args);
-        let [_, key, rest @ ..] = &bytes[..] else {
+        let [_, key_arg, rest @ ..] = &args[..] else {
             return Err(RedisError::WrongArity);
         };
+        let key = key_arg.as_slice();
+        let rest = slices(rest);
+        let rest = &rest[..];
         let (owner, ttl) = parse::extend(rest).map_err(arg_error)?;
         reconcile::run_for(ctx, ffi::selected_db(ctx), key);
-        let mut lock_key = LockKey::open(ctx, key);
+        let mut lock_key = LockKey::open_arg(ctx, key_arg);
         if lock_key.existing()?.is_none() {
             return Err(RedisError::Str(NOT_OWNER));
         }
@@ -145,11 +150,10 @@ pub fn extend(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// LOCK.INFO key
 pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard("LOCK.INFO", || {
-        let bytes = slices(&args);
-        let [_, key] = &bytes[..] else {
+        let [_, key_arg] = &args[..] else {
             return Err(RedisError::WrongArity);
         };
-        let mut lock_key = LockKey::open_read(ctx, key);
+        let mut lock_key = LockKey::open_arg_read(ctx, key_arg);
         let Some(value) = lock_key.existing()? else {
             return Ok(RedisValue::Null);
         };
@@ -198,7 +202,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// LOCK.SYNC key owner count mode expires_at token fence counter (internal: replication and AOF).
+/// LOCK.SYNC key owner state (internal: replication and AOF).
 pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard("LOCK.SYNC", || {
         crate::replication::sync_command(ctx, &slices(&args))
