@@ -85,6 +85,11 @@ fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     REGISTRY.with(|r| f(&mut r.borrow_mut()))
 }
 
+/// How many clients are blocked in the module (queued, or granted with the reply pending).
+pub fn count() -> usize {
+    with(|r| r.entries.len())
+}
+
 /// A new waiter id; ids increase in arrival order.
 pub fn next_id() -> WaiterId {
     with(|r| {

@@ -12,21 +12,35 @@ pub fn max_waiters() -> usize {
     usize::try_from(MAX_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
 }
 
-/// Applies `loadmodule <path> [max-waiters N]` arguments. (In redis.conf, `lock.max-waiters N`
-/// after the loadmodule line works too, through Redis's own module config loading.)
+/// `lock.max-total-waiters`: how many clients may wait on all locks together (each blocked
+/// client costs Redis tens of KB; this bounds what a misbehaving client fleet can pin).
+pub static MAX_TOTAL_WAITERS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TOTAL_WAITERS);
+pub const DEFAULT_MAX_TOTAL_WAITERS: i64 = 1_000_000;
+
+pub fn max_total_waiters() -> usize {
+    usize::try_from(MAX_TOTAL_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+}
+
+/// Applies `loadmodule <path> [max-waiters N] [max-total-waiters N]` arguments. (In
+/// redis.conf, `lock.max-waiters N` lines after the loadmodule line work too, through Redis's
+/// own module config loading.)
 pub fn apply_load_args(args: &[&[u8]]) -> Result<(), String> {
     let mut rest = args;
     while let [name, value, tail @ ..] = rest {
-        if !name.eq_ignore_ascii_case(b"max-waiters") {
+        let (label, target) = if name.eq_ignore_ascii_case(b"max-waiters") {
+            ("max-waiters", &MAX_WAITERS)
+        } else if name.eq_ignore_ascii_case(b"max-total-waiters") {
+            ("max-total-waiters", &MAX_TOTAL_WAITERS)
+        } else {
             return Err(format!(
                 "unknown module argument {:?}",
                 String::from_utf8_lossy(name)
             ));
-        }
+        };
         let n = crate::commands::parse::parse_i64(value)
             .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
-            .ok_or_else(|| format!("max-waiters must be an integer from 1 to {MAX_MAX_WAITERS}"))?;
-        MAX_WAITERS.store(n, Ordering::Relaxed);
+            .ok_or_else(|| format!("{label} must be an integer from 1 to {MAX_MAX_WAITERS}"))?;
+        target.store(n, Ordering::Relaxed);
         rest = tail;
     }
     if !rest.is_empty() {

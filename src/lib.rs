@@ -93,6 +93,15 @@ mod module {
                     ConfigurationFlags::DEFAULT,
                     None
                 ],
+                [
+                    "max-total-waiters",
+                    &crate::config::MAX_TOTAL_WAITERS,
+                    crate::config::DEFAULT_MAX_TOTAL_WAITERS,
+                    1,
+                    crate::config::MAX_MAX_WAITERS,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
             ],
             // The crate's macro wants every kind listed when any is.
             string: [],

@@ -658,3 +658,34 @@ fn a_corrupt_lock_payload_is_refused_cleanly() {
     );
     assert_eq!(holders(&mut c, "src"), vec![("o".to_string(), 1)]);
 }
+
+#[test]
+fn the_server_wide_waiter_bound_is_enforced() {
+    let server = Server::start_with(&["--lock.max-total-waiters", "2"]);
+    let mut c = server.client();
+    let mut handles = Vec::new();
+    for i in 0..2 {
+        let key = format!("tw{i}");
+        int(&mut c, &["LOCK.ACQUIRE", &key, "holder", "600000"]);
+        let mut w = server.client();
+        handles.push(thread::spawn(move || {
+            query(&mut w, &["LOCK.ACQUIRE", &key, "w", "1000", "WAIT", "1500"])
+        }));
+        wait_until("queued", || waiting(&mut c, &format!("tw{i}")) == 1);
+    }
+    int(&mut c, &["LOCK.ACQUIRE", "tw2", "holder", "600000"]);
+    let e = err(&mut c, &["LOCK.ACQUIRE", "tw2", "w", "1000", "WAIT", "0"]);
+    assert!(
+        e.starts_with("MAXWAITERS") && e.contains("max-total-waiters"),
+        "{e}"
+    );
+    assert_eq!(waiting(&mut c, "tw2"), 0);
+    for h in handles {
+        assert!(matches!(h.join().unwrap(), Ok(Value::Nil)));
+    }
+    // Once those timed out there is room again.
+    let mut w = server.client();
+    let late =
+        thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "tw2", "w", "1000", "WAIT", "100"]));
+    assert!(matches!(late.join().unwrap(), Ok(Value::Nil)));
+}

@@ -30,6 +30,8 @@ fn slices(args: &[RedisString]) -> Vec<&[u8]> {
 
 const NOT_OWNER: &str =
     "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
+const TOO_MANY_WAITERS: &str =
+    "MAXWAITERS the server-wide waiter limit is reached (lock.max-total-waiters); retry later or raise the limit";
 const QUEUE_FULL: &str =
     "MAXWAITERS the lock's wait queue is full (lock.max-waiters); retry later or raise the limit";
 const DEADLOCK: &str =
@@ -60,9 +62,16 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
         .get_flags()
         .intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
     let mut lock_key = LockKey::open_arg(ctx, key_arg);
-    let queue_full = lock_key.existing_or_new()?.lock.queue().len() >= crate::config::max_waiters();
+    let queued_here = lock_key.existing_or_new()?.lock.queue().len();
+    let queue_full = if queued_here >= crate::config::max_waiters() {
+        Some(QUEUE_FULL)
+    } else if blocking::count() >= crate::config::max_total_waiters() {
+        Some(TOO_MANY_WAITERS)
+    } else {
+        None
+    };
     let wants_to_wait = req.wait.is_some() && may_block;
-    let wait_id = (wants_to_wait && !queue_full).then(blocking::next_id);
+    let wait_id = (wants_to_wait && queue_full.is_none()).then(blocking::next_id);
     let outcome = lock_key
         .apply(|lock, step| lock.acquire(req.owner, mode, req.ttl, wait_id, step))
         .ok_or(RedisError::Str("ERR the lock key vanished"))?;
@@ -91,7 +100,10 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
                 Ok(RedisValue::Null)
             }
         }
-        Acquired::Busy if wants_to_wait && queue_full => Err(RedisError::Str(QUEUE_FULL)),
+        Acquired::Busy if wants_to_wait => match queue_full {
+            Some(message) => Err(RedisError::Str(message)),
+            None => Ok(RedisValue::Null),
+        },
         Acquired::Busy => Ok(RedisValue::Null),
         Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
         Acquired::CountOverflow => Err(RedisError::Str("ERR hold count overflow")),
