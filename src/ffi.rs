@@ -447,8 +447,13 @@ pub extern "C" fn type_digest(md: *mut raw::RedisModuleDigest, value: *mut c_voi
 
 /// MEMORY USAGE of one value.
 pub extern "C" fn type_mem_usage(value: *const c_void) -> usize {
-    // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
-    unsafe { (value as *const crate::datatype::LockValue).as_ref() }.map_or(0, |v| v.memory())
+    let mut bytes = 0;
+    crate::guard::guard_silent("mem usage", || {
+        // SAFETY: value is one of our Box<LockValue> pointers, alive during the call.
+        bytes = unsafe { (value as *const crate::datatype::LockValue).as_ref() }
+            .map_or(0, |v| v.memory());
+    });
+    bytes
 }
 
 /// Frees a value Redis drops (DEL, overwrite, FLUSH*, expiry, shutdown).
@@ -775,11 +780,12 @@ pub fn register_debug_panic(ctx: &Context) -> Result<(), String> {
     /// Called by Redis for LOCK.DEBUG-PANIC, on the main thread.
     extern "C" fn command(
         ctx: *mut raw::RedisModuleCtx,
-        _argv: *mut *mut raw::RedisModuleString,
-        _argc: c_int,
+        argv: *mut *mut raw::RedisModuleString,
+        argc: c_int,
     ) -> c_int {
         let context = Context::new(ctx);
-        let reply = crate::commands::debug_panic(&context, Vec::new());
+        let args = redis_module::decode_args(ctx, argv, argc);
+        let reply = crate::commands::debug_panic(&context, args);
         context.reply(reply) as c_int
     }
     let name = CString::new("lock.debug-panic").map_err(|e| e.to_string())?;

@@ -11,7 +11,12 @@ use redis_module::{RedisError, RedisResult};
 
 /// Runs `body`, converting a panic into an error naming `what`.
 pub fn guard(what: &str, body: impl FnOnce() -> RedisResult) -> RedisResult {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let run = || {
+        #[cfg(feature = "test-hooks")]
+        fault::trip(what);
+        body()
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
         Ok(result) => result,
         Err(payload) => {
             let detail = payload
@@ -33,4 +38,35 @@ pub fn guard_silent(what: &str, body: impl FnOnce()) {
         body();
         Ok(redis_module::RedisValue::NoReply)
     });
+}
+
+/// Test-only fault injection (`test-hooks` feature): `LOCK.DEBUG-PANIC <name>` arms a panic
+/// that fires the next time the entry point called `<name>` (as passed to [`guard`]) runs,
+/// inside its guard, so the tests can prove every kind of entry point survives a panic.
+#[cfg(feature = "test-hooks")]
+pub mod fault {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static ARMED: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    pub fn arm(what: &str) {
+        ARMED.with(|a| *a.borrow_mut() = Some(what.to_string()));
+    }
+
+    pub fn trip(what: &str) {
+        let hit = ARMED.with(|a| {
+            let mut a = a.borrow_mut();
+            if a.as_deref() == Some(what) {
+                *a = None;
+                true
+            } else {
+                false
+            }
+        });
+        if hit {
+            panic!("injected fault in {what}");
+        }
+    }
 }

@@ -221,10 +221,15 @@ pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// LOCK.DEBUG-PANIC: panics on purpose, so the tests can check that the guard turns a panic
-/// into an error reply and the server keeps running. Only in builds with `test-hooks`.
+/// LOCK.DEBUG-PANIC [name]: panics on purpose, so the tests can check that the guard turns a
+/// panic into an error reply and the server keeps running. With a name, arms a panic for the
+/// next run of that entry point instead (see `guard::fault`). Only in `test-hooks` builds.
 #[cfg(feature = "test-hooks")]
-pub fn debug_panic(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
+pub fn debug_panic(_ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if let [_, name] = &args[..] {
+        crate::guard::fault::arm(&name.to_string_lossy());
+        return Ok(RedisValue::SimpleStringStatic("OK"));
+    }
     guard("LOCK.DEBUG-PANIC", || {
         panic!("deliberate panic from LOCK.DEBUG-PANIC")
     })
