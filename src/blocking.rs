@@ -29,6 +29,8 @@ enum State {
 
 struct Entry {
     client: BlockedClient,
+    /// Redis's id of the blocked connection (never reused while the server runs).
+    client_id: u64,
     db: i32,
     key: Box<[u8]>,
     waiter: Waiter,
@@ -79,6 +81,13 @@ impl Registry {
 
 thread_local! {
     static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
+    /// The id of the connection Redis most recently announced as closing.
+    static CLOSING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Redis announced that connection `client_id` is closing (client-change event).
+pub fn note_closing(client_id: u64) {
+    CLOSING.with(|c| c.set(client_id));
 }
 
 fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
@@ -118,6 +127,7 @@ pub fn block(
             id,
             Entry {
                 client,
+                client_id: ffi::client_id(ctx),
                 db,
                 key: key.into(),
                 waiter,
@@ -210,25 +220,34 @@ pub fn on_disconnect(ctx: &Context, client: BlockedClient) {
     let Some((id, entry)) = entry else {
         return;
     };
+    // Redis announces a closing connection (the client-change event) just before it detaches
+    // its blocked state; any other call of this callback is not a disconnect.
+    let closing = CLOSING.with(|c| c.get()) == entry.client_id;
     match entry.state {
         State::Queued => {
             ffi::unblock_client(client);
             leave_queue(ctx, id, &entry);
         }
-        State::Granted { token } => {
-            // The grant never reached the client: give back exactly the hold it received.
-            if !ffi::select_db(ctx, entry.db) {
-                return;
-            }
-            let mut key = LockKey::open(ctx, &entry.key);
-            let still_holds = matches!(key.existing(), Ok(Some(v))
-                if v.lock.holders().get(&entry.waiter.owner).is_some_and(|h| h.token == token));
-            if still_holds {
-                let owner = entry.waiter.owner.clone();
-                key.apply(|lock, step| lock.release(&owner, false, step));
-            }
+        State::Granted { token } if closing => {
+            // The connection closed after its grant was decided but before the reply was
+            // sent: the client never learns it holds the lock, so give the hold back.
+            roll_back_grant(ctx, entry.db, &entry.key, &entry.waiter.owner, token);
         }
-        State::WrongType => {}
+        State::Granted { token } => {
+            // Not a disconnect: Redis 7.0 processed the client's WAIT deadline after we had
+            // unblocked it. Its timeout handling skips the module's timeout callback for an
+            // unblocked client and detaches the client through this callback instead, so our
+            // reply callback will never run. The client is still connected and this is the only
+            // chance to answer it, with the grant it has.
+            ctx.reply(Ok(RedisValue::Integer(
+                i64::try_from(token).unwrap_or(i64::MAX),
+            )));
+        }
+        State::WrongType if closing => {}
+        State::WrongType => {
+            // The same race as above.
+            ctx.reply(Err(RedisError::WrongType));
+        }
     }
 }
 
@@ -249,4 +268,18 @@ fn leave_queue(ctx: &Context, id: WaiterId, entry: &Entry) {
     }
     let mut key = LockKey::open(ctx, &entry.key);
     key.apply(|lock, step| lock.cancel_waiter(id, step));
+}
+
+/// Gives back the hold a grant created, if the holder is still exactly that grant.
+pub fn roll_back_grant(ctx: &Context, db: i32, key: &[u8], owner: &[u8], token: u64) {
+    if !ffi::select_db(ctx, db) {
+        return;
+    }
+    let mut lock_key = LockKey::open(ctx, key);
+    let still_holds = matches!(lock_key.existing(), Ok(Some(v))
+        if v.lock.holders().get(owner).is_some_and(|h| h.token == token));
+    if still_holds {
+        lock_key.apply(|lock, step| lock.release(owner, false, step));
+        lock_key.notify(c"lock.release");
+    }
 }

@@ -603,6 +603,26 @@ pub extern "C" fn on_swapdb_event(
     });
 }
 
+/// A connection is closing (client-change event, DISCONNECTED). Redis 7.0's freeClient sends
+/// this before it detaches the client's blocked state, which tells the blocked-client
+/// disconnect callback a real disconnect from the call Redis makes on a late timeout.
+pub extern "C" fn on_client_event(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    sub: u64,
+    data: *mut c_void,
+) {
+    crate::guard::guard_silent("client event", || {
+        if sub != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED {
+            return;
+        }
+        // SAFETY: for the client-change event Redis passes a RedisModuleClientInfoV1.
+        if let Some(info) = unsafe { (data as *const raw::RedisModuleClientInfo).as_ref() } {
+            crate::blocking::note_closing(info.id);
+        }
+    });
+}
+
 /// REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER (a macro bindgen does not export).
 const NOW_MASTER: u64 = 0;
 
@@ -699,10 +719,11 @@ pub extern "C" fn on_loading_event(
 pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
     type Callback =
         unsafe extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut c_void);
-    let events: [(u64, Callback); 4] = [
+    let events: [(u64, Callback); 5] = [
         (raw::REDISMODULE_EVENT_FLUSHDB, on_flush_event),
         (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb_event),
         (raw::REDISMODULE_EVENT_LOADING, on_loading_event),
+        (raw::REDISMODULE_EVENT_CLIENT_CHANGE, on_client_event),
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             on_role_event,
@@ -868,4 +889,10 @@ pub fn notify_module_event(ctx: &Context, event: &std::ffi::CStr, key: &RedisStr
             );
         }
     }
+}
+
+/// Redis's id of the client running the current command.
+pub fn client_id(ctx: &Context) -> u64 {
+    // SAFETY: ctx is the live context of the current command.
+    unsafe { raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx)) }
 }

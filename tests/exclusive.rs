@@ -615,3 +615,50 @@ fn a_grant_is_visible_to_a_command_pipelined_after_the_release() {
     );
     waiter.join().unwrap();
 }
+
+/// Redis 7.0 checks blocked clients' timeouts before it runs the module's pending unblocks, and
+/// for a client the module already unblocked it calls the disconnect callback instead of the
+/// timeout one. A waiter granted in the same event-loop iteration in which its WAIT deadline
+/// passed must still get its reply (and keep the lock), not hang.
+#[test]
+fn a_grant_racing_the_waiters_own_timeout_still_gets_its_reply() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut c = server.client();
+    for round in 0..5 {
+        let key = format!("race{round}");
+        int(&mut c, &["LOCK.ACQUIRE", &key, "holder", "60000"]);
+        let mut w = server.client();
+        w.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let k = key.clone();
+        let waiter = thread::spawn(move || {
+            query(&mut w, &["LOCK.ACQUIRE", &k, "heir", "60000", "WAIT", "50"])
+        });
+        wait_until("queued", || waiting(&mut c, &key) == 1);
+        // One write: the deadline passes during the sleep, then the release grants the waiter
+        // before Redis gets to its timeout check.
+        let _: (Value, i64) = redis::pipe()
+            .cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.1")
+            .cmd("LOCK.RELEASE")
+            .arg(&key)
+            .arg("holder")
+            .query(&mut c)
+            .unwrap();
+        match waiter.join().unwrap() {
+            Ok(Value::Int(t)) => {
+                assert!(t > 0);
+                // It was told it holds the lock: it must really hold it, even after the
+                // module's check of whether the client was still there.
+                thread::sleep(Duration::from_millis(50));
+                assert_eq!(
+                    holders(&mut c, &key),
+                    vec![("heir".to_string(), 1)],
+                    "round {round}"
+                );
+            }
+            Ok(Value::Nil) => assert!(holders(&mut c, &key).is_empty(), "round {round}"),
+            other => panic!("round {round}: the waiter got {other:?}"),
+        }
+    }
+}

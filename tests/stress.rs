@@ -1,0 +1,296 @@
+//! Randomized stress against a real server, with a checker over the recorded history.
+//!
+//! Workers acquire / read / extend / release / abandon locks on a few keys with random TTLs
+//! and WAIT timeouts, a chaos thread kills their connections and deletes keys, and a monitor
+//! PINGs throughout. Every grant is recorded as a *definite* hold interval, from the grant's
+//! reply arriving to the earliest of: the release being sent, the request being sent plus the
+//! TTL (after an EXTEND: the extend being sent plus its TTL), or a DEL that may have run after
+//! the grant. The server held the lock
+//! for that owner during all of that interval, so:
+//! - two conflicting definite intervals (a writer and anyone else) on one key must not overlap;
+//! - when one grant's reply arrived before another grant's request was sent on the same key,
+//!   the server granted it first, so its token must be smaller.
+//!
+//! Time-bounded: STRESS_SECONDS (default 30).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const KEYS: usize = 4;
+/// The server computes expiries on its millisecond wall clock (`now_ms + ttl`, truncated), so
+/// a lease can end up to 1 ms before `sent + ttl` measured on this process's monotonic clock;
+/// one more ms covers the two clocks drifting during a run.
+const CLOCK_MARGIN: Duration = Duration::from_millis(2);
+const WORKERS: usize = 12;
+
+/// A small deterministic PRNG (xorshift64*), seeded per worker.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Hold {
+    key: usize,
+    owner: String,
+    write: bool,
+    token: i64,
+    sent: Instant,
+    start: Instant,
+    end: Instant,
+}
+
+#[derive(Default)]
+struct History {
+    holds: Vec<Hold>,
+    /// (key, DEL sent, DEL reply received): it ran somewhere in between.
+    dels: Vec<(usize, Instant, Instant)>,
+}
+
+fn connect(server: &Server, ids: &Mutex<HashMap<usize, i64>>, me: usize) -> Connection {
+    let mut c = server.client();
+    let id = client_id(&mut c);
+    ids.lock().unwrap().insert(me, id);
+    c
+}
+
+#[test]
+fn random_operations_never_grant_conflicting_holds() {
+    let seconds: u64 = std::env::var("STRESS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let mut server = Server::start();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let history = Arc::new(Mutex::new(History::default()));
+    let ids: Arc<Mutex<HashMap<usize, i64>>> = Arc::new(Mutex::new(HashMap::new()));
+    let ops = Arc::new(AtomicU64::new(0));
+    let lost = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ping_failures = Arc::new(AtomicU64::new(0));
+    let max_ping = Arc::new(Mutex::new(Duration::ZERO));
+
+    thread::scope(|s| {
+        for w in 0..WORKERS {
+            let (history, ids, ops, lost, server) = (
+                history.clone(),
+                ids.clone(),
+                ops.clone(),
+                lost.clone(),
+                &server,
+            );
+            s.spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((w as u64 + 1) * 0x1234_5678_9abc_def1));
+                let mut conn = connect(server, &ids, w);
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    n += 1;
+                    ops.fetch_add(1, Ordering::Relaxed);
+                    let key = rng.below(KEYS as u64) as usize;
+                    let name = format!("stress:{key}");
+                    let owner = format!("w{w}-{n}");
+                    let write = rng.below(3) == 0;
+                    let ttl = 20 + rng.below(300);
+                    let mut words = vec![
+                        if write { "LOCK.ACQUIRE" } else { "LOCK.RWREAD" }.to_string(),
+                        name.clone(),
+                        owner.clone(),
+                        ttl.to_string(),
+                    ];
+                    if rng.below(4) != 0 {
+                        words.push("WAIT".into());
+                        words.push(rng.below(200).to_string());
+                    }
+                    let refs: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
+                    let sent = Instant::now();
+                    let reply = query(&mut conn, &refs);
+                    // Every request has a short WAIT (or none): a request still without a
+                    // reply after 10 s is a lost reply. Show the server's view of it.
+                    if sent.elapsed() > Duration::from_secs(10) {
+                        lost.fetch_add(1, Ordering::Relaxed);
+                        let mut d = server.client();
+                        let clients: String = redis::cmd("CLIENT")
+                            .arg("LIST")
+                            .query(&mut d)
+                            .unwrap_or_default();
+                        eprintln!(
+                            "no reply to {refs:?} after {:?}: {reply:?}\n{clients}",
+                            sent.elapsed()
+                        );
+                    }
+                    let start = Instant::now();
+                    let token = match reply {
+                        Ok(Value::Int(t)) => t,
+                        Ok(_) => continue,
+                        Err(e)
+                            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() =>
+                        {
+                            conn = connect(server, &ids, w);
+                            continue;
+                        }
+                        Err(e) => panic!("{refs:?}: {e:?}"),
+                    };
+                    let mut end = sent + Duration::from_millis(ttl) - CLOCK_MARGIN;
+                    // Hold for a while, maybe extend, then release or abandon.
+                    thread::sleep(Duration::from_millis(rng.below(30)));
+                    if rng.below(4) == 0 {
+                        let ext = 20 + rng.below(300);
+                        let ext_sent = Instant::now();
+                        if let Ok(Value::Int(1)) =
+                            query(&mut conn, &["LOCK.EXTEND", &name, &owner, &ext.to_string()])
+                        {
+                            // EXTEND replaces the expiry (longer or shorter): from then on the
+                            // lease runs to at least ext_sent + ext, and no further for certain.
+                            end = ext_sent + Duration::from_millis(ext) - CLOCK_MARGIN;
+                        }
+                    }
+                    if rng.below(8) != 0 {
+                        let release_sent = Instant::now();
+                        end = end.min(release_sent);
+                        let _ = query(&mut conn, &["LOCK.RELEASE", &name, &owner, "ALL"]);
+                    }
+                    history.lock().unwrap().holds.push(Hold {
+                        key,
+                        owner,
+                        write,
+                        token,
+                        sent,
+                        start,
+                        end,
+                    });
+                }
+            });
+        }
+        // Chaos: kill random workers' connections, delete random keys.
+        {
+            let (history, ids, stop, server) =
+                (history.clone(), ids.clone(), stop.clone(), &server);
+            s.spawn(move || {
+                let mut rng = Rng(0xdead_beef_cafe_f00d);
+                let mut c = server.client();
+                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                    thread::sleep(Duration::from_millis(20 + rng.below(60)));
+                    if rng.below(3) == 0 {
+                        let key = rng.below(KEYS as u64) as usize;
+                        let sent = Instant::now();
+                        let _ = query(&mut c, &["DEL", &format!("stress:{key}")]);
+                        history
+                            .lock()
+                            .unwrap()
+                            .dels
+                            .push((key, sent, Instant::now()));
+                    } else {
+                        let victim = ids
+                            .lock()
+                            .unwrap()
+                            .get(&(rng.below(WORKERS as u64) as usize))
+                            .copied();
+                        if let Some(id) = victim {
+                            let _ = query(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
+                        }
+                    }
+                }
+            });
+        }
+        // Monitor: the server answers PING throughout.
+        {
+            let (ping_failures, max_ping, server) =
+                (ping_failures.clone(), max_ping.clone(), &server);
+            s.spawn(move || {
+                let mut c = server.client();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match query(&mut c, &["PING"]) {
+                        Ok(_) => {
+                            let mut m = max_ping.lock().unwrap();
+                            *m = (*m).max(t.elapsed());
+                        }
+                        Err(_) => {
+                            ping_failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    thread::sleep(Duration::from_millis(10));
+                }
+            });
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    assert!(server.alive(), "the server died");
+
+    let history = history.lock().unwrap();
+    let mut holds = history.holds.clone();
+    // A DEL ends every hold on its key granted before it ran. The grant ran somewhere between
+    // the request being sent and its reply, the DEL between its own send and reply: a DEL whose
+    // reply came after the grant's request was sent may have run after the grant, as early as
+    // max(DEL sent, request sent). Cut the definite interval there (possibly to nothing).
+    for h in &mut holds {
+        for (key, del_sent, del_reply) in &history.dels {
+            if *key == h.key && *del_reply > h.sent && *del_sent < h.end {
+                h.end = h.end.min((*del_sent).max(h.sent));
+            }
+        }
+    }
+    let mut overlaps = Vec::new();
+    let mut misordered = Vec::new();
+    for (i, a) in holds.iter().enumerate() {
+        for b in holds.iter().skip(i + 1) {
+            if a.key != b.key || a.owner == b.owner {
+                continue;
+            }
+            if (a.write || b.write) && a.start.max(b.start) < a.end.min(b.end) {
+                overlaps.push((a.clone(), b.clone()));
+            }
+            if a.start < b.sent && a.token >= b.token {
+                misordered.push((a.clone(), b.clone()));
+            }
+            if b.start < a.sent && b.token >= a.token {
+                misordered.push((b.clone(), a.clone()));
+            }
+        }
+    }
+    let grants = holds.len();
+    let writes = holds.iter().filter(|h| h.write).count();
+    eprintln!(
+        "stress: {seconds} s, {} operations, {grants} grants ({writes} exclusive), {} DELs, \
+         max PING {:?}, {} PING failures, {} overlaps, {} misordered tokens",
+        ops.load(Ordering::Relaxed),
+        history.dels.len(),
+        *max_ping.lock().unwrap(),
+        ping_failures.load(Ordering::Relaxed),
+        overlaps.len(),
+        misordered.len()
+    );
+    assert!(grants > 100, "too few grants to mean anything: {grants}");
+    assert!(
+        overlaps.is_empty(),
+        "conflicting holds overlapped: {:?}",
+        &overlaps[..overlaps.len().min(3)]
+    );
+    assert!(
+        misordered.is_empty(),
+        "tokens out of order: {:?}",
+        &misordered[..misordered.len().min(3)]
+    );
+    assert_eq!(ping_failures.load(Ordering::Relaxed), 0, "PING failed");
+    assert_eq!(
+        lost.load(Ordering::Relaxed),
+        0,
+        "requests left without a reply"
+    );
+}
