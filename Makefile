@@ -6,7 +6,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps build run test unit integration lint fmt clippy clean bench bench-quick
+.PHONY: all deps build run test unit integration lint fmt clippy clean bench bench-quick fuzz
 
 all: build
 
@@ -42,6 +42,16 @@ bench-quick: deps
 	$(CARGO) build --release
 	$(CARGO) build --release -p redis-lock-bench
 	$(BENCH_PIN) target/release/lock-bench --quick --out target/bench-quick/benchmarks.md
+
+# cargo-fuzz (libFuzzer) targets in fuzz/: the lock core against its reference model, and the
+# argument parser. FUZZ_SECONDS per target. Installs cargo-fuzz when missing; runs on the
+# stable toolchain without a sanitizer (--sanitizer none), with libFuzzer's coverage guidance.
+FUZZ_SECONDS ?= 60
+
+fuzz:
+	@cargo fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && $(CARGO) fuzz run --sanitizer none lock_model -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && $(CARGO) fuzz run --sanitizer none parse_args -- -max_total_time=$(FUZZ_SECONDS)
 
 lint: deps
 	$(CARGO) fmt --all --check

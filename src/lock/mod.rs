@@ -17,6 +17,8 @@ mod queue;
 
 #[cfg(test)]
 mod model_tests;
+#[cfg(any(test, fuzzing))]
+pub mod reference;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,14 @@
+//! The lock core driven by arbitrary operation sequences (4 bytes each: acquire / read with or
+//! without waiting, release, release ALL, extend, time passing, a waiter leaving), compared
+//! step by step with the reference model, with the safety invariants checked after every step.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use redis_lock_fuzz::lock::reference;
+
+fuzz_target!(|data: &[u8]| {
+    let ops = reference::decode(data);
+    if let Err(e) = reference::run(&ops) {
+        panic!("lock diverged from the reference model: {e}\nops: {ops:?}");
+    }
+});
