@@ -127,7 +127,23 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
         "module not built at {} (run `make test`, or `cargo build --features test-hooks`)",
         module.display()
     );
-    let mut cmd = Command::new("redis-server");
+    // REDIS_LOCK_VALGRIND=1: run the server under valgrind memcheck, logs in target/valgrind/
+    // (see docs/robustness.md).
+    let mut cmd = match valgrind_log_dir() {
+        Some(dir) => {
+            let _ = std::fs::create_dir_all(&dir);
+            let mut cmd = Command::new("valgrind");
+            cmd.args([
+                "--leak-check=full",
+                "--show-leak-kinds=definite",
+                "--errors-for-leak-kinds=definite",
+            ])
+            .arg(format!("--log-file={}/redis-%p.log", dir.display()))
+            .arg("redis-server");
+            cmd
+        }
+        None => Command::new("redis-server"),
+    };
     cmd.arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -141,7 +157,12 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
     let mut child = cmd
         .spawn()
         .expect("cannot start redis-server (is it installed? `make test` installs it)");
-    let deadline = Instant::now() + PATIENCE;
+    let patience = if valgrind_log_dir().is_some() {
+        PATIENCE * 6
+    } else {
+        PATIENCE
+    };
+    let deadline = Instant::now() + patience;
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {
             return None;
@@ -160,8 +181,28 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
     None
 }
 
+/// Where valgrind logs go when REDIS_LOCK_VALGRIND is set.
+fn valgrind_log_dir() -> Option<PathBuf> {
+    std::env::var_os("REDIS_LOCK_VALGRIND")?;
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    Some(here.join("target/valgrind"))
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
+        if valgrind_log_dir().is_some() {
+            // A clean shutdown, so valgrind reports leaks (it cannot after SIGKILL).
+            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) {
+                if let Ok(mut c) = client.get_connection() {
+                    let _: redis::RedisResult<()> =
+                        redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
+                }
+            }
+            let deadline = Instant::now() + PATIENCE * 6;
+            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
