@@ -211,6 +211,20 @@ impl LuaFair {
         }
     }
 
+    /// The acquire script call; with `enqueue` a refused caller joins the FIFO list.
+    fn script_cmd(&self, key: &str, owner: &str, ttl_ms: u64, enqueue: bool) -> redis::Cmd {
+        let (acquire, _) = self.shas.get().expect("prepared");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(acquire)
+            .arg(2)
+            .arg(key)
+            .arg(format!("{key}:queue"))
+            .arg(owner)
+            .arg(ttl_ms)
+            .arg(if enqueue { "1" } else { "0" });
+        cmd
+    }
+
     fn attempt(
         &self,
         c: &mut Connection,
@@ -219,17 +233,8 @@ impl LuaFair {
         ttl_ms: u64,
         enqueue: bool,
     ) -> bool {
-        let (acquire, _) = self.shas.get().expect("prepared");
         matches!(
-            redis::cmd("EVALSHA")
-                .arg(acquire)
-                .arg(2)
-                .arg(key)
-                .arg(format!("{key}:queue"))
-                .arg(owner)
-                .arg(ttl_ms)
-                .arg(if enqueue { "1" } else { "0" })
-                .query(c),
+            self.script_cmd(key, owner, ttl_ms, enqueue).query(c),
             Ok(Value::Int(1))
         )
     }
@@ -292,15 +297,6 @@ impl Lock for LuaFair {
         &["evalsha"]
     }
     fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
-        let (acquire, _) = self.shas.get().expect("prepared");
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(acquire)
-            .arg(2)
-            .arg(key)
-            .arg(format!("{key}:queue"))
-            .arg(owner)
-            .arg(ttl_ms)
-            .arg("0");
-        cmd
+        self.script_cmd(key, owner, ttl_ms, false)
     }
 }
