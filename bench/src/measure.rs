@@ -17,6 +17,11 @@ const LONG_TTL: u64 = 600_000;
 
 fn flush(c: &mut Connection) {
     let _: () = redis::cmd("FLUSHALL").query(c).expect("FLUSHALL");
+    reset_stats(c);
+}
+
+/// Zeroes INFO commandstats, so the next reading covers only what follows.
+fn reset_stats(c: &mut Connection) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(c)
@@ -35,10 +40,7 @@ pub fn server_times(server: &Server, locks: &[&dyn Lock], pairs: usize, rounds: 
     let mut per_lock: Vec<Vec<f64>> = vec![Vec::new(); locks.len()];
     for _ in 0..rounds {
         for (lock, out) in locks.iter().zip(per_lock.iter_mut()) {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query(&mut c)
-                .expect("RESETSTAT");
+            reset_stats(&mut c);
             for i in 0..pairs {
                 let key = format!("st:{}", i % 1000);
                 assert!(
@@ -353,10 +355,7 @@ pub fn cost_with_locks_held(server: &Server, lock: &dyn Lock, held: usize, pairs
     flush(&mut c);
     lock.prepare(&mut c);
     fill(&mut c, lock, "held", held);
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut c)
-        .expect("RESETSTAT");
+    reset_stats(&mut c);
     for batch in 0..pairs / 100 {
         let mut p = redis::pipe();
         for j in 0..100 {
@@ -395,10 +394,7 @@ pub fn release_with_waiters(server: &Server, n: usize, releases: usize) -> f64 {
         ]
     });
     wait_for_waiting(&mut c, "deep", n);
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut c)
-        .expect("RESETSTAT");
+    reset_stats(&mut c);
     let mut current = "w-holder".to_string();
     for i in 0..releases.min(n) {
         let _: i64 = redis::cmd("LOCK.RELEASE")
@@ -428,10 +424,7 @@ pub fn reader_pair_with_readers(server: &Server, readers: usize, pairs: usize) -
         }
         let _: () = p.query(&mut c).expect("readers");
     }
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut c)
-        .expect("RESETSTAT");
+    reset_stats(&mut c);
     for batch in 0..pairs / 100 {
         let mut p = redis::pipe();
         for j in 0..100 {

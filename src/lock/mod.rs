@@ -72,12 +72,6 @@ impl FenceCounter {
         FenceCounter { last: 0 }
     }
 
-    pub fn new(last: u64) -> Self {
-        FenceCounter {
-            last: last.min(MAX_TOKEN),
-        }
-    }
-
     /// The last token issued (0 before the first).
     pub fn last(&self) -> u64 {
         self.last
