@@ -1,28 +1,81 @@
 #!/usr/bin/env bash
-# Installs what building and testing the module needs on a Debian machine, when missing:
-# redis-server (the tests and `make run` start a real one) and libclang (bindgen, run by the
-# redis-module crate's build script). Idempotent; does nothing when everything is present.
+# Installs what building and testing the module needs on a Debian machine, when missing.
+# Idempotent: does nothing (and asks no registry) when everything is present.
+#
+#   scripts/ensure-deps.sh            redis-server, redis-cli, redis-benchmark, libclang
+#   scripts/ensure-deps.sh valkey     also valkey-server 8 (from bookworm-backports)
+#
+# libclang: bindgen (run by the redis-module crate's build script) loads `libclang.so` or
+# `libclang-NN.so.N` (package libclang1-NN, pulled in by libclang-dev). Debian images often
+# ship `libclang-cpp.so.NN` (libclang-cpp14) without it: that library is NOT what bindgen
+# loads, so the checks below match the exact names and never `libclang-cpp`.
 set -euo pipefail
 
-missing=()
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
-if ! ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' && ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
-  missing+=(libclang-dev)
-fi
+want_valkey=0
+for arg in "$@"; do
+  case "$arg" in
+    valkey) want_valkey=1 ;;
+    *) echo "ensure-deps: unknown argument '$arg' (known: valkey)" >&2; exit 2 ;;
+  esac
+done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
+have_libclang() {
+  # An explicit LIBCLANG_PATH is what bindgen uses first.
+  if [ -n "${LIBCLANG_PATH:-}" ] && compgen -G "${LIBCLANG_PATH}/libclang*.so*" >/dev/null; then
+    return 0
+  fi
+  # `libclang.so`, `libclang.so.1`, `libclang-14.so.1`, `libclang-14.0.6.so`; not `libclang-cpp.so.14`.
+  if ldconfig -p 2>/dev/null | grep -qE '(^|[[:space:]/])libclang(-[0-9][0-9.]*)?\.so'; then
+    return 0
+  fi
+  compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null \
+    || compgen -G '/usr/lib/llvm-*/lib/libclang-[0-9]*.so*' >/dev/null
+}
 
-# De-duplicate.
-mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-echo "ensure-deps: installing ${missing[*]}" >&2
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   SUDO="sudo"
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+updated=0
+apt_update() {
+  if [ "$updated" -eq 0 ]; then
+    $SUDO apt-get update -qq
+    updated=1
+  fi
+}
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+have_libclang || missing+=(libclang-dev)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  echo "ensure-deps: installing ${missing[*]}" >&2
+  apt_update
+  # redis-server's package starts a system service where systemd runs; the tests and `make run`
+  # start their own servers on other ports, so that service is harmless.
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$want_valkey" -eq 1 ] && ! command -v valkey-server >/dev/null 2>&1; then
+  # Valkey 8 is in bookworm-backports (bookworm itself has none); Debian 13 and later have it
+  # in their main suite. Add the backports suite only where it is needed and missing.
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  if [ "$codename" = "bookworm" ] \
+    && ! grep -rqsE 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "ensure-deps: adding Debian's bookworm-backports suite for valkey-server" >&2
+    echo "deb http://deb.debian.org/debian bookworm-backports main" \
+      | $SUDO tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null
+    updated=0
+  fi
+  echo "ensure-deps: installing valkey-server" >&2
+  apt_update
+  if [ "$codename" = "bookworm" ]; then
+    $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports valkey-server >/dev/null
+  else
+    $SUDO apt-get install -y -qq --no-install-recommends valkey-server >/dev/null
+  fi
+fi

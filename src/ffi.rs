@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use redis_module::{raw, Context, RedisString};
 
 use crate::guard::guard;
+use crate::metadata::{self, ArgKind, CommandDoc, KeyAccess};
 
 /// Current Unix time in ms, as Redis's own `mstime()` (the clock key expiry uses).
 pub fn now_ms() -> u64 {
@@ -274,20 +275,16 @@ pub fn detached_context() -> Option<Context> {
 // ---------------------------------------------------------------------------------------------
 // Command metadata
 
-/// How a command's single key is used, for COMMAND INFO, ACL and cluster routing.
-pub enum KeyAccess {
-    ReadOnly,
-    ReadWrite,
-}
-
-/// Declares `name`'s arity and its one key (argument 1) through RedisModule_SetCommandInfo,
-/// which Redis 7.0 has even though the crate's proc macro needs 7.2.
+/// Declares a command's arity, its one key (argument 1), its documentation (summary,
+/// complexity, since, arguments: what COMMAND DOCS shows) through RedisModule_SetCommandInfo,
+/// which Redis 7.0 has even though the crate's proc macro needs 7.2; then its ACL categories
+/// where the server has them (see [`add_module_acl_category`]).
 pub fn set_command_info(
     ctx: &Context,
-    name: &str,
-    arity: i32,
-    access: KeyAccess,
+    doc: &CommandDoc,
+    module_category: Option<&str>,
 ) -> Result<(), String> {
+    let name = doc.name;
     let cname = CString::new(name).map_err(|e| e.to_string())?;
     // SAFETY: ctx is OnLoad's; GetCommand returns NULL for an unknown name, checked below.
     let command = unsafe {
@@ -296,7 +293,7 @@ pub fn set_command_info(
     if command.is_null() {
         return Err(format!("command {name} not found"));
     }
-    let flags = match access {
+    let flags = match doc.access {
         KeyAccess::ReadOnly => raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
         // INSERT, UPDATE and DELETE are exclusive in Redis; a lock command may do any of the
         // three, which is what UPDATE (the general one) says.
@@ -318,6 +315,47 @@ pub fn set_command_info(
         keystep: 1,
         limit: 0,
     };
+    // Every string the structures point to lives in `strings` until after the call.
+    let cstr = |s: &str| CString::new(s).map_err(|e| format!("{name}: {e}"));
+    let summary = cstr(doc.summary)?;
+    let complexity = cstr(doc.complexity)?;
+    let since = cstr(metadata::SINCE)?;
+    let mut strings: Vec<CString> = Vec::new();
+    let mut args: Vec<raw::RedisModuleCommandArg> = Vec::with_capacity(doc.args.len() + 1);
+    for a in doc.args {
+        // SAFETY: plain C data for which all-zero is valid (NULL pointers, no flags).
+        let mut arg: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
+        let arg_name = cstr(a.name)?;
+        arg.name = arg_name.as_ptr();
+        strings.push(arg_name);
+        (arg.type_, arg.key_spec_index) = match a.kind {
+            ArgKind::Key => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY, 0),
+            ArgKind::String => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+                -1,
+            ),
+            ArgKind::Integer => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+                -1,
+            ),
+            ArgKind::PureToken => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+                -1,
+            ),
+        };
+        if let Some(token) = a.token {
+            let token = cstr(token)?;
+            arg.token = token.as_ptr();
+            strings.push(token);
+        }
+        if a.optional {
+            arg.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+        }
+        args.push(arg);
+    }
+    // The zeroed terminator (name NULL).
+    // SAFETY: as above.
+    args.push(unsafe { std::mem::zeroed() });
     let version = raw::RedisModuleCommandInfoVersion {
         version: 1,
         sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
@@ -326,22 +364,68 @@ pub fn set_command_info(
     };
     let info = raw::RedisModuleCommandInfo {
         version: &version,
-        summary: ptr::null(),
-        complexity: ptr::null(),
-        since: ptr::null(),
+        summary: summary.as_ptr(),
+        complexity: complexity.as_ptr(),
+        since: since.as_ptr(),
         history: ptr::null_mut(),
         tips: ptr::null(),
-        arity,
+        arity: doc.arity,
         key_specs: specs.as_mut_ptr(),
-        args: ptr::null_mut(),
+        args: args.as_mut_ptr(),
     };
-    // SAFETY: command is live; info and everything it points to outlive the call, and Redis
-    // copies what it keeps.
+    // SAFETY: command is live; info and everything it points to (specs, args, the CStrings)
+    // outlive the call, and Redis copies what it keeps (zstrdup / its own arrays).
     let rc = unsafe { raw::RedisModule_SetCommandInfo.map_or(1, |f| f(command, &info)) };
-    if rc == 0 {
+    drop(strings);
+    if rc != 0 {
+        return Err(format!("SetCommandInfo failed for {name}"));
+    }
+    set_acl_categories(command, doc, module_category)
+}
+
+/// Sets the command's ACL categories where the server supports them for module commands (Redis
+/// 7.2+, Valkey 8+; looked up at load, since on 7.0 the function does not exist and module
+/// commands belong to no category).
+fn set_acl_categories(
+    command: *mut raw::RedisModuleCommand,
+    doc: &CommandDoc,
+    module_category: Option<&str>,
+) -> Result<(), String> {
+    // SAFETY: reading a function pointer the API table filled in at load.
+    let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
+        return Ok(());
+    };
+    let categories = match module_category {
+        Some(own) if doc.in_module_category => format!("{} {own}", doc.acl_categories),
+        _ => doc.acl_categories.to_string(),
+    };
+    let c = CString::new(categories.as_str()).map_err(|e| e.to_string())?;
+    // SAFETY: command is a live handle from GetCommand during OnLoad; c outlives the call and
+    // Redis parses it into flags without keeping the pointer.
+    if unsafe { set(command, c.as_ptr()) } == 0 {
         Ok(())
     } else {
-        Err(format!("SetCommandInfo failed for {name}"))
+        Err(format!(
+            "cannot set ACL categories '{categories}' on {}",
+            doc.name
+        ))
+    }
+}
+
+/// Adds the module's own ACL category where the server can (Redis 7.4+, Valkey 8+). Returns
+/// whether the category exists now; an older server simply has none.
+pub fn add_module_acl_category(ctx: &Context, name: &str) -> Result<bool, String> {
+    // SAFETY: reading a function pointer the API table filled in at load.
+    let Some(add) = (unsafe { raw::RedisModule_AddACLCategory }) else {
+        return Ok(false);
+    };
+    let c = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: ctx is OnLoad's (the only time Redis accepts new categories); c outlives the call
+    // and Redis copies the name.
+    if unsafe { add(ctx.ctx, c.as_ptr()) } == 0 {
+        Ok(true)
+    } else {
+        Err(format!("cannot add the ACL category '{name}'"))
     }
 }
 
@@ -794,11 +878,13 @@ pub fn register_info(ctx: &Context) {
     }
 }
 
-/// Registers LOCK.DEBUG-PANIC (builds with the `test-hooks` feature only): a command that
-/// panics on purpose, so the integration tests can check the panic guard.
+/// Registers the test-only commands (builds with the `test-hooks` feature only):
+/// LOCK.DEBUG-PANIC, which panics on purpose so the integration tests can check the panic
+/// guard, and LOCK.DEBUG-ALLOC, which reports the module's live allocations (see
+/// [`CountingAlloc`]) for the leak test.
 #[cfg(feature = "test-hooks")]
-pub fn register_debug_panic(ctx: &Context) -> Result<(), String> {
-    /// Called by Redis for LOCK.DEBUG-PANIC, on the main thread.
+pub fn register_test_commands(ctx: &Context) -> Result<(), String> {
+    /// Called by Redis for either command, on the main thread.
     extern "C" fn command(
         ctx: *mut raw::RedisModuleCtx,
         argv: *mut *mut raw::RedisModuleString,
@@ -806,29 +892,83 @@ pub fn register_debug_panic(ctx: &Context) -> Result<(), String> {
     ) -> c_int {
         let context = Context::new(ctx);
         let args = redis_module::decode_args(ctx, argv, argc);
-        let reply = crate::commands::debug_panic(&context, args);
+        let reply = crate::commands::debug(&context, args);
         context.reply(reply) as c_int
     }
-    let name = CString::new("lock.debug-panic").map_err(|e| e.to_string())?;
-    let flags = CString::new("fast").map_err(|e| e.to_string())?;
-    // SAFETY: ctx is OnLoad's; name and flags are NUL-terminated and Redis copies them.
-    let rc = unsafe {
-        raw::RedisModule_CreateCommand.map_or(1, |f| {
-            f(
-                ctx.ctx,
-                name.as_ptr(),
-                Some(command),
-                flags.as_ptr(),
-                0,
-                0,
-                0,
-            )
-        })
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err("cannot create lock.debug-panic".into())
+    for command_name in ["lock.debug-panic", "lock.debug-alloc"] {
+        let name = CString::new(command_name).map_err(|e| e.to_string())?;
+        let flags = CString::new("fast").map_err(|e| e.to_string())?;
+        // SAFETY: ctx is OnLoad's; name and flags are NUL-terminated and Redis copies them.
+        let rc = unsafe {
+            raw::RedisModule_CreateCommand.map_or(1, |f| {
+                f(
+                    ctx.ctx,
+                    name.as_ptr(),
+                    Some(command),
+                    flags.as_ptr(),
+                    0,
+                    0,
+                    0,
+                )
+            })
+        };
+        if rc != 0 {
+            return Err(format!("cannot create {command_name}"));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The module's global allocator
+
+/// Redis's allocator (so `used_memory`, `maxmemory` and MEMORY USAGE see the module's memory),
+/// counting the blocks and bytes the module holds. The leak test reads the counts through
+/// LOCK.DEBUG-ALLOC: unlike `used_memory`, they move only with the module's own allocations,
+/// not with the server's client pools and crons. Counting is two relaxed atomic adds per call
+/// and is compiled only into `test-hooks` builds; release builds use Redis's allocator as is.
+#[cfg(feature = "test-hooks")]
+pub struct CountingAlloc;
+
+#[cfg(feature = "test-hooks")]
+static LIVE_BLOCKS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+#[cfg(feature = "test-hooks")]
+static LIVE_BYTES: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Blocks and bytes the module has allocated and not freed.
+#[cfg(feature = "test-hooks")]
+pub fn live_allocations() -> (i64, i64) {
+    (
+        LIVE_BLOCKS.load(Ordering::Relaxed),
+        LIVE_BYTES.load(Ordering::Relaxed),
+    )
+}
+
+#[cfg(feature = "test-hooks")]
+fn count_allocation(layout: std::alloc::Layout, sign: i64) {
+    let bytes = i64::try_from(layout.size()).unwrap_or(i64::MAX);
+    LIVE_BLOCKS.fetch_add(sign, Ordering::Relaxed);
+    LIVE_BYTES.fetch_add(sign.saturating_mul(bytes), Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded unchanged to RedisAlloc, a valid GlobalAlloc; the counters
+// are side effects that allocate nothing. `realloc` keeps the default (alloc, copy, dealloc
+// through these two methods), so it is counted too.
+#[cfg(feature = "test-hooks")]
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `layout` is passed on as is.
+        let p = unsafe { redis_module::alloc::RedisAlloc.alloc(layout) };
+        if !p.is_null() {
+            count_allocation(layout, 1);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        count_allocation(layout, -1);
+        // SAFETY: ptr came from `alloc` above with this layout (the caller's contract).
+        unsafe { redis_module::alloc::RedisAlloc.dealloc(ptr, layout) }
     }
 }
 

@@ -3,7 +3,8 @@
 //! Layout: `lock` is the state machine (pure Rust, no Redis types); `commands` parses and
 //! replies; `keys` opens a lock key and commits changes; `blocking` tracks blocked waiters;
 //! `expiry` runs the holder timers; `reconcile` serves waiters whose key was deleted or moved;
-//! `datatype` is the module type and its RDB encoding; `stats` holds the fencing counter and
+//! `datatype` is the module type and its RDB encoding; `metadata` is what COMMAND DOCS, ACL
+//! and MODULE LIST learn about the module; `stats` holds the fencing counter and
 //! the INFO figures; `ffi` holds every raw call and `extern "C"` callback; `guard` is the
 //! panic guard every entry point goes through.
 
@@ -20,6 +21,7 @@ mod expiry;
 mod ffi;
 mod guard;
 mod keys;
+mod metadata;
 mod reconcile;
 mod replication;
 mod stats;
@@ -31,7 +33,8 @@ mod module {
 
     use crate::commands;
     use crate::datatype::LOCK_TYPE;
-    use crate::ffi::{self, KeyAccess};
+    use crate::ffi;
+    use crate::metadata;
 
     fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ffi::init_detached_context(ctx);
@@ -40,16 +43,16 @@ mod module {
             ctx.log_warning(&format!("lock module: {e}"));
             return Status::Err;
         }
-        let commands: [(&str, i32, KeyAccess); 6] = [
-            ("lock.acquire", -4, KeyAccess::ReadWrite),
-            ("lock.rwread", -4, KeyAccess::ReadWrite),
-            ("lock.release", -3, KeyAccess::ReadWrite),
-            ("lock.extend", 4, KeyAccess::ReadWrite),
-            ("lock.info", 2, KeyAccess::ReadOnly),
-            ("lock.sync", 4, KeyAccess::ReadWrite),
-        ];
-        for (name, arity, access) in commands {
-            if let Err(e) = ffi::set_command_info(ctx, name, arity, access) {
+        // The module's own ACL category, where the server can add one (Redis 7.4+, Valkey 8+).
+        let own_category = match ffi::add_module_acl_category(ctx, metadata::ACL_CATEGORY) {
+            Ok(added) => added.then_some(metadata::ACL_CATEGORY),
+            Err(e) => {
+                ctx.log_warning(&format!("lock module: {e}"));
+                return Status::Err;
+            }
+        };
+        for doc in metadata::COMMANDS {
+            if let Err(e) = ffi::set_command_info(ctx, doc, own_category) {
                 ctx.log_warning(&format!("lock module: {e}"));
                 return Status::Err;
             }
@@ -60,7 +63,7 @@ mod module {
         }
         ffi::register_info(ctx);
         #[cfg(feature = "test-hooks")]
-        if let Err(e) = ffi::register_debug_panic(ctx) {
+        if let Err(e) = ffi::register_test_commands(ctx) {
             ctx.log_warning(&format!("lock module: {e}"));
             return Status::Err;
         }
@@ -68,19 +71,25 @@ mod module {
         Status::Ok
     }
 
+    // Test builds count the module's allocations for the leak test (see ffi::CountingAlloc).
+    #[cfg(feature = "test-hooks")]
+    use crate::ffi::CountingAlloc as ModuleAlloc;
+    #[cfg(not(feature = "test-hooks"))]
+    use redis_module::alloc::RedisAlloc as ModuleAlloc;
+
     redis_module! {
         name: "lock",
-        version: 1,
-        allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+        version: metadata::MODULE_VERSION,
+        allocator: (ModuleAlloc, ModuleAlloc),
         data_types: [LOCK_TYPE],
         init: init,
         commands: [
-            ["lock.acquire", commands::acquire, "write deny-oom", 1, 1, 1, ""],
-            ["lock.rwread", commands::rwread, "write deny-oom", 1, 1, 1, ""],
-            ["lock.release", commands::release, "write fast", 1, 1, 1, ""],
-            ["lock.extend", commands::extend, "write fast", 1, 1, 1, ""],
-            ["lock.info", commands::info, "readonly fast", 1, 1, 1, ""],
-            ["lock.sync", commands::sync, "write fast", 1, 1, 1, ""],
+            ["lock.acquire", commands::acquire, metadata::ACQUIRE.flags, 1, 1, 1, ""],
+            ["lock.rwread", commands::rwread, metadata::RWREAD.flags, 1, 1, 1, ""],
+            ["lock.release", commands::release, metadata::RELEASE.flags, 1, 1, 1, ""],
+            ["lock.extend", commands::extend, metadata::EXTEND.flags, 1, 1, 1, ""],
+            ["lock.info", commands::info, metadata::INFO.flags, 1, 1, 1, ""],
+            ["lock.sync", commands::sync, metadata::SYNC.flags, 1, 1, 1, ""],
         ],
         configurations: [
             i64: [

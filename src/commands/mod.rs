@@ -221,11 +221,24 @@ pub fn sync(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// LOCK.DEBUG-PANIC [name]: panics on purpose, so the tests can check that the guard turns a
-/// panic into an error reply and the server keeps running. With a name, arms a panic for the
-/// next run of that entry point instead (see `guard::fault`). Only in `test-hooks` builds.
+/// The test-only commands (`test-hooks` builds):
+/// - LOCK.DEBUG-PANIC [name]: panics on purpose, so the tests can check that the guard turns a
+///   panic into an error reply and the server keeps running. With a name, arms a panic for the
+///   next run of that entry point instead (see `guard::fault`).
+/// - LOCK.DEBUG-ALLOC: `[live blocks, live bytes]` the module holds (see `ffi::CountingAlloc`).
 #[cfg(feature = "test-hooks")]
-pub fn debug_panic(_ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn debug(_ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let command = args
+        .first()
+        .map(|a| a.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if command == "lock.debug-alloc" {
+        let (blocks, bytes) = ffi::live_allocations();
+        return Ok(RedisValue::Array(vec![
+            RedisValue::Integer(blocks),
+            RedisValue::Integer(bytes),
+        ]));
+    }
     if let [_, name] = &args[..] {
         crate::guard::fault::arm(&name.to_string_lossy());
         return Ok(RedisValue::SimpleStringStatic("OK"));

@@ -31,6 +31,70 @@ pub fn module_path() -> PathBuf {
         .unwrap_or_else(|| candidates[0].clone())
 }
 
+/// The server binary the harness starts: `REDIS_LOCK_SERVER` (a name on PATH or a path, e.g.
+/// `valkey-server`), `redis-server` by default. `.ci/run` runs the suite once per server.
+pub fn server_binary() -> String {
+    std::env::var("REDIS_LOCK_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// Which server the tests run against, read from `INFO server`, for the few behaviours that
+/// differ between servers (ACL categories for module commands, memory per blocked client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// Redis, with its version as (major, minor).
+    Redis(u32, u32),
+    /// Valkey, with its own version as (major, minor).
+    Valkey(u32, u32),
+}
+
+impl Flavor {
+    /// Redis 7.2+ and every Valkey let modules put commands in ACL categories.
+    pub fn has_module_acl_categories(self) -> bool {
+        match self {
+            Flavor::Redis(major, minor) => (major, minor) >= (7, 2),
+            Flavor::Valkey(..) => true,
+        }
+    }
+
+    /// Redis 7.4+ and Valkey 8+ let modules add categories of their own (`@lock`).
+    pub fn has_module_own_category(self) -> bool {
+        match self {
+            Flavor::Redis(major, minor) => (major, minor) >= (7, 4),
+            Flavor::Valkey(major, _) => major >= 8,
+        }
+    }
+}
+
+/// The server flavour and version of a connection's server.
+pub fn flavor(c: &mut Connection) -> Flavor {
+    let text: String = redis::cmd("INFO")
+        .arg("server")
+        .query(c)
+        .expect("INFO server");
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.trim().to_string())
+    };
+    let major_minor = |v: String| {
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    };
+    match field("valkey_version") {
+        Some(v) => {
+            let (major, minor) = major_minor(v);
+            Flavor::Valkey(major, minor)
+        }
+        None => {
+            let (major, minor) = major_minor(field("redis_version").expect("redis_version"));
+            Flavor::Redis(major, minor)
+        }
+    }
+}
+
 pub struct Server {
     child: Child,
     pub port: u16,
@@ -75,7 +139,7 @@ impl Server {
                 };
             }
         }
-        panic!("redis-server did not start");
+        panic!("{} did not start", server_binary());
     }
 
     /// Kills the server with SIGKILL (no shutdown save) and starts it again on the same port
@@ -89,7 +153,7 @@ impl Server {
                 self.child = child;
                 return;
             }
-            assert!(Instant::now() < deadline, "redis-server did not restart");
+            assert!(Instant::now() < deadline, "server did not restart");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -139,10 +203,10 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
                 "--errors-for-leak-kinds=definite",
             ])
             .arg(format!("--log-file={}/redis-%p.log", dir.display()))
-            .arg("redis-server");
+            .arg(server_binary());
             cmd
         }
-        None => Command::new("redis-server"),
+        None => Command::new(server_binary()),
     };
     cmd.arg("--port")
         .arg(port.to_string())
@@ -154,9 +218,13 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let mut child = cmd
-        .spawn()
-        .expect("cannot start redis-server (is it installed? `make test` installs it)");
+    let mut child = cmd.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot start {} ({e}; is it installed? `make test` installs redis-server, \
+                 `make test-valkey` valkey-server)",
+            server_binary()
+        )
+    });
     let patience = if valgrind_log_dir().is_some() {
         PATIENCE * 6
     } else {

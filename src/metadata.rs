@@ -1,0 +1,244 @@
+//! What the module tells Redis about itself: its version, and for each command the arity, key,
+//! flags, ACL categories and the documentation `COMMAND DOCS` shows. Plain data: `ffi` turns it
+//! into the C structures of `RedisModule_SetCommandInfo`, `lib.rs` registers the commands.
+
+/// The module version `MODULE LIST` shows, derived from the crate version the way Redis modules
+/// encode theirs: major * 10000 + minor * 100 + patch (0.1.0 -> 100, 1.2.3 -> 10203).
+pub const MODULE_VERSION: i32 = encode_version(
+    parse_u32(env!("CARGO_PKG_VERSION_MAJOR")),
+    parse_u32(env!("CARGO_PKG_VERSION_MINOR")),
+    parse_u32(env!("CARGO_PKG_VERSION_PATCH")),
+);
+
+/// The version every command of this release was added in (`since` in COMMAND DOCS).
+pub const SINCE: &str = "0.1.0";
+
+/// The module's own ACL category (`+@lock`), added where the server can add categories (Redis
+/// 7.4+, Valkey 8+). LOCK.SYNC is kept out of it: it is for the replication link only.
+pub const ACL_CATEGORY: &str = "lock";
+
+const fn parse_u32(s: &str) -> u32 {
+    let bytes = s.as_bytes();
+    let mut value: u32 = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let digit = bytes[i];
+        assert!(digit.is_ascii_digit(), "crate version part is not a number");
+        value = value * 10 + (digit - b'0') as u32;
+        i += 1;
+    }
+    value
+}
+
+const fn encode_version(major: u32, minor: u32, patch: u32) -> i32 {
+    assert!(
+        minor < 100 && patch < 100,
+        "version part does not fit the encoding"
+    );
+    let v = major * 10_000 + minor * 100 + patch;
+    assert!(v <= i32::MAX as u32);
+    v as i32
+}
+
+/// How a command's single key (argument 1) is used: for COMMAND INFO, ACL key patterns and
+/// cluster routing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyAccess {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// The kind of one documented argument (a subset of Redis's argument types).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgKind {
+    /// The command's key; refers to key spec 0.
+    Key,
+    String,
+    Integer,
+    /// A keyword alone, such as `ALL`.
+    PureToken,
+}
+
+/// One argument as COMMAND DOCS shows it.
+#[derive(Debug)]
+pub struct ArgDoc {
+    pub name: &'static str,
+    pub kind: ArgKind,
+    /// The keyword that introduces the argument (`WAIT` in `[WAIT timeout]`).
+    pub token: Option<&'static str>,
+    pub optional: bool,
+}
+
+/// Everything registered for one command.
+#[derive(Debug)]
+pub struct CommandDoc {
+    pub name: &'static str,
+    /// Redis's arity: positive = exact argument count (command name included), negative = at
+    /// least that many.
+    pub arity: i32,
+    /// Command flags for `RedisModule_CreateCommand`.
+    pub flags: &'static str,
+    pub access: KeyAccess,
+    pub summary: &'static str,
+    pub complexity: &'static str,
+    /// Standard ACL categories, set where the server supports categories for module commands
+    /// (Redis 7.2+, Valkey 8+; on 7.0 module commands belong to none).
+    pub acl_categories: &'static str,
+    /// Also in the module's own category [`ACL_CATEGORY`].
+    pub in_module_category: bool,
+    pub args: &'static [ArgDoc],
+}
+
+const fn arg(name: &'static str, kind: ArgKind) -> ArgDoc {
+    ArgDoc {
+        name,
+        kind,
+        token: None,
+        optional: false,
+    }
+}
+
+const KEY: ArgDoc = arg("key", ArgKind::Key);
+const OWNER: ArgDoc = arg("owner", ArgKind::String);
+const TTL: ArgDoc = arg("ttl", ArgKind::Integer);
+const WAIT: ArgDoc = ArgDoc {
+    name: "timeout",
+    kind: ArgKind::Integer,
+    token: Some("WAIT"),
+    optional: true,
+};
+
+pub const ACQUIRE: CommandDoc = CommandDoc {
+    name: "lock.acquire",
+    arity: -4,
+    flags: "write deny-oom blocking",
+    access: KeyAccess::ReadWrite,
+    summary: "Takes an exclusive lock for `ttl` ms; with WAIT, queues in FIFO order until \
+                  granted or `timeout` ms pass. Replies with the fencing token, or nil.",
+    complexity: "O(log N) where N is the number of holders and waiters of the key",
+    acl_categories: "write slow blocking",
+    in_module_category: true,
+    args: &[KEY, OWNER, TTL, WAIT],
+};
+
+pub const RWREAD: CommandDoc = CommandDoc {
+    name: "lock.rwread",
+    arity: -4,
+    flags: "write deny-oom blocking",
+    access: KeyAccess::ReadWrite,
+    summary: "Takes a shared (read) lock for `ttl` ms; with WAIT, queues in FIFO order until \
+                  granted or `timeout` ms pass. Replies with the fencing token, or nil.",
+    complexity: "O(log N) where N is the number of holders and waiters of the key",
+    acl_categories: "write slow blocking",
+    in_module_category: true,
+    args: &[KEY, OWNER, TTL, WAIT],
+};
+
+pub const RELEASE: CommandDoc = CommandDoc {
+    name: "lock.release",
+    arity: -3,
+    flags: "write fast",
+    access: KeyAccess::ReadWrite,
+    summary: "Drops one hold of `owner` (all of them with ALL) and grants the lock to the \
+                  next waiters. Replies with the owner's remaining count.",
+    complexity: "O(log N + G) where N is the number of holders and waiters of the key and \
+                     G the number of waiters granted",
+    acl_categories: "write fast",
+    in_module_category: true,
+    args: &[
+        KEY,
+        OWNER,
+        ArgDoc {
+            name: "all",
+            kind: ArgKind::PureToken,
+            token: Some("ALL"),
+            optional: true,
+        },
+    ],
+};
+
+pub const EXTEND: CommandDoc = CommandDoc {
+    name: "lock.extend",
+    arity: 4,
+    flags: "write fast",
+    access: KeyAccess::ReadWrite,
+    summary: "Sets the expiry of `owner`'s hold to now + `ttl` ms. Replies 1.",
+    complexity: "O(log N) where N is the number of holders of the key",
+    acl_categories: "write fast",
+    in_module_category: true,
+    args: &[KEY, OWNER, TTL],
+};
+
+pub const INFO: CommandDoc = CommandDoc {
+    name: "lock.info",
+    arity: 2,
+    flags: "readonly fast",
+    access: KeyAccess::ReadOnly,
+    summary: "Shows a lock's mode, last fencing token, holders with their counts and \
+                  remaining ms, and its queue. Nil when the key does not exist.",
+    complexity: "O(N) where N is the number of holders and waiters of the key",
+    acl_categories: "read fast",
+    in_module_category: true,
+    args: &[KEY],
+};
+
+pub const SYNC: CommandDoc = CommandDoc {
+    name: "lock.sync",
+    arity: 4,
+    flags: "write fast",
+    access: KeyAccess::ReadWrite,
+    summary: "Internal: applies one holder's state as the master decided it. Accepted only \
+                  from the replication link and while loading the AOF.",
+    complexity: "O(log N) where N is the number of holders of the key",
+    acl_categories: "admin dangerous",
+    in_module_category: false,
+    args: &[KEY, OWNER, arg("state", ArgKind::String)],
+};
+
+/// Every command the module registers (LOCK.DEBUG-PANIC, a test-only hook, is not listed).
+pub const COMMANDS: [&CommandDoc; 6] = [&ACQUIRE, &RWREAD, &RELEASE, &EXTEND, &INFO, &SYNC];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_version_follows_the_crate_version() {
+        assert_eq!(encode_version(0, 1, 0), 100);
+        assert_eq!(encode_version(1, 2, 3), 10203);
+        assert_eq!(parse_u32("42"), 42);
+        let expected = env!("CARGO_PKG_VERSION")
+            .split('.')
+            .map(|p| p.parse::<i32>().expect("numeric version"))
+            .fold(0, |acc, p| acc * 100 + p);
+        assert_eq!(MODULE_VERSION, expected);
+    }
+
+    #[test]
+    fn every_command_documents_its_key_first_and_arity_matches_its_arguments() {
+        for c in COMMANDS {
+            assert!(c.name.starts_with("lock."), "{}", c.name);
+            assert_eq!(
+                c.args.first().map(|a| a.kind),
+                Some(ArgKind::Key),
+                "{}",
+                c.name
+            );
+            let required = 1 + c.args.iter().filter(|a| !a.optional).count() as i32;
+            if c.arity > 0 {
+                assert_eq!(c.arity, required, "{}", c.name);
+            } else {
+                assert_eq!(-c.arity, required, "{}", c.name);
+                assert!(c.args.iter().any(|a| a.optional), "{}", c.name);
+            }
+            assert!(!c.summary.is_empty() && !c.complexity.is_empty());
+            // Blocking commands say so in both places.
+            assert_eq!(
+                c.flags.contains("blocking"),
+                c.acl_categories.contains("blocking"),
+                "{}",
+                c.name
+            );
+        }
+    }
+}
