@@ -1,32 +1,52 @@
 # redis-lock: `make run` builds the module and starts redis-server with it; `make test` runs
-# every test. Both install redis-server and libclang-dev with apt-get when they are missing.
+# every test. Both install redis-server and libclang-dev with apt-get when they are missing;
+# `make test-valkey` runs the same tests on Valkey 8 (installed from bookworm-backports).
 
 PORT ?= 6379
 CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps build run test unit integration lint fmt clippy clean bench bench-quick fuzz
+.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick fuzz
 
 all: build
 
 deps:
 	@scripts/ensure-deps.sh
 
+deps-valkey:
+	@scripts/ensure-deps.sh valkey
+
 build: deps
 	$(CARGO) build --release
 
-# Foreground server on $(PORT) with the module loaded through module.conf.example.
-run: build
-	redis-server module.conf.example --port $(PORT)
+# Foreground server on 127.0.0.1:$(PORT) with the module, configured by module.conf.example;
+# its data (dump.rdb, appendonlydir) goes to target/run, not the checkout. The module path is
+# absolute because redis-server changes into --dir before it loads modules.
+RUN_DIR := $(CURDIR)/target/run
 
-# Unit and property tests of the core, then integration tests against real redis-servers
-# that the harness starts on free loopback ports, then the client crate's tests (5 servers). The integration tests load a debug build
-# with the `test-hooks` feature (it adds LOCK.DEBUG-PANIC, used to test the panic guard).
+run: build
+	@mkdir -p $(RUN_DIR)
+	redis-server module.conf.example --loadmodule $(CURDIR)/$(MODULE) --dir $(RUN_DIR) --port $(PORT)
+
+# Unit and property tests of the core, then integration tests against real servers that the
+# harness starts on free loopback ports, then the client crate's tests (5 servers). The
+# integration tests load a debug build with the `test-hooks` feature (LOCK.DEBUG-PANIC for the
+# panic guard, LOCK.DEBUG-ALLOC and an allocation-counting allocator for the leak test).
+# SERVER picks the server binary the harness starts (REDIS_LOCK_SERVER in tests/common).
+SERVER ?= redis-server
+
 test: deps
+	$(MAKE) test-server SERVER=$(SERVER)
+
+test-valkey: deps deps-valkey
+	$(MAKE) test-server SERVER=valkey-server
+
+test-server:
+	@echo "== tests on $$($(SERVER) --version)"
 	$(CARGO) build --features test-hooks
-	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
-	REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client
+	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
+	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client
 
 # Benchmarks: the module against SET NX + polling and a Lua fair lock, in one run, on a server
 # the tool starts itself. With two or more CPUs the server runs on CPU 0 and the clients on 1.
