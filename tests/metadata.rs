@@ -86,6 +86,9 @@ fn command_docs_show_summary_complexity_since_and_arguments() {
         "lock.sync",
     ] {
         let doc = docs(&mut c, command);
+        for field in ["summary", "complexity", "since", "arguments"] {
+            assert!(doc.contains_key(field), "{command}: no {field} in {doc:?}");
+        }
         assert!(
             string(&doc["summary"]).len() > 20,
             "{command} summary: {doc:?}"
