@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,16 +12,19 @@ use crate::{drift, Acquire, LockError, Mode, Outcome, Servers};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LostLock {
     pub key: String,
-    /// What each instance answered to the last extend.
+    /// What each instance answered to the last failed extend (empty when the validity ran out
+    /// before any extend failed).
     pub causes: Vec<(String, Outcome)>,
 }
 
 type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
 
 /// Keeps a lease alive: extends it every `fraction` of its ttl (default 1/3) until the guard
-/// drops, and reports the lock as lost (callback, channel, and [`LockGuard::is_lost`]) when a
-/// majority answers that the owner no longer holds it, or when its validity runs out without a
-/// successful extend.
+/// drops, and reports the lock as lost (callback and channel, once) when a majority answers that
+/// the owner no longer holds it, or when its validity runs out without a confirmed extend.
+/// Its extends use a connection of their own: a blocking acquire of the same client never
+/// delays them. [`LockGuard::is_lost`] does not wait for the watchdog: it turns true the moment
+/// validity runs out, even while the watchdog's extend is still waiting for an answer.
 #[derive(Clone)]
 pub struct Watchdog {
     fraction: f64,
@@ -75,17 +78,57 @@ struct State {
     ttl: Duration,
     /// (instance index, token) for every instance that granted.
     tokens: Vec<(usize, u64)>,
-    valid_until: Mutex<Instant>,
-    lost: AtomicBool,
+    lease: Mutex<Lease>,
+    /// The watchdog reported the loss (it does so once).
+    reported: AtomicBool,
     released: AtomicBool,
     stop: Mutex<bool>,
     wake: Condvar,
 }
 
+/// What is known about the lease. `valid_until` only moves forward, and only while it has not
+/// passed yet, and `loss` is never cleared: so once the lease is lost it stays lost.
+struct Lease {
+    /// The latest moment at which the lock is certainly held.
+    valid_until: Instant,
+    /// Why the lock is known lost before its validity ran out (a majority no longer holds it
+    /// for this owner), or that an extend was confirmed only after validity had run out.
+    loss: Option<LockError>,
+}
+
+impl Lease {
+    fn lost(&self, now: Instant) -> bool {
+        self.loss.is_some() || now >= self.valid_until
+    }
+}
+
 impl State {
+    fn lease(&self) -> MutexGuard<'_, Lease> {
+        self.lease.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn valid_until(&self) -> Instant {
+        self.lease().valid_until
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lease().lost(Instant::now())
+    }
+
     /// Extends on every instance; Ok with the new deadline when a majority still holds it.
-    fn extend(&self) -> Result<Instant, (bool, Vec<(String, Outcome)>)> {
+    /// Errors: `Held` (a majority says the owner holds nothing: lost), `Expired` (validity ran
+    /// out before an extend was confirmed: lost), `Unreachable` (not conclusive, still valid).
+    fn extend(&self) -> Result<Instant, LockError> {
         let started = Instant::now();
+        {
+            let lease = self.lease();
+            if let Some(loss) = &lease.loss {
+                return Err(loss.clone());
+            }
+            if started >= lease.valid_until {
+                return Err(LockError::Expired { causes: Vec::new() });
+            }
+        }
         let outcomes = self.servers.extend(&self.key, &self.owner, self.ttl);
         let elapsed = started.elapsed();
         let ok = outcomes
@@ -97,26 +140,47 @@ impl State {
             .filter(|o| matches!(o, Outcome::Refused(_)))
             .count();
         let n = outcomes.len();
+        let causes = self.servers.named(outcomes);
+        let mut lease = self.lease();
+        if let Some(loss) = &lease.loss {
+            return Err(loss.clone());
+        }
         if ok >= self.servers.quorum {
+            if Instant::now() >= lease.valid_until {
+                // Confirmed too late: between the end of validity and this reply the lock may
+                // have been free (or been taken by someone else). It stays lost.
+                let loss = LockError::Expired { causes };
+                lease.loss = Some(loss.clone());
+                return Err(loss);
+            }
+            // Counted from when the extend was sent, not from its reply.
             if let Some(v) = self.ttl.checked_sub(elapsed + drift(self.ttl)) {
-                let deadline = started + elapsed + v;
-                *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
-                return Ok(deadline);
+                lease.valid_until = lease.valid_until.max(started + elapsed + v);
+                return Ok(lease.valid_until);
             }
         }
         // Definitely lost when too many instances say the owner holds nothing there.
-        let definite = n - refused < self.servers.quorum;
-        Err((definite, self.servers.named(outcomes)))
+        if n - refused < self.servers.quorum {
+            let loss = LockError::Held { causes };
+            lease.loss = Some(loss.clone());
+            return Err(loss);
+        }
+        Err(LockError::Unreachable { causes })
     }
 
-    fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn mark_lost(&self, lost: LostLock, watchdog: &Watchdog) {
-        if self.lost.swap(true, Ordering::SeqCst) {
+    /// Reports the loss through the watchdog's callback and channel, once, unless the guard is
+    /// being released (then a NOTOWNER is our own release, not a loss).
+    fn report_lost(&self, causes: Vec<(String, Outcome)>, watchdog: &Watchdog) {
+        if *self.stop.lock().unwrap_or_else(|e| e.into_inner()) {
             return;
         }
+        if self.reported.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let lost = LostLock {
+            key: self.key.clone(),
+            causes,
+        };
         if let Some(f) = &watchdog.on_lost {
             f(&lost);
         }
@@ -133,8 +197,8 @@ impl State {
     }
 }
 
-/// A held lock. Dropping it stops its watchdog and releases it (best effort; a lease that
-/// cannot be released ends at its ttl).
+/// A held lock. Dropping it stops its watchdog and releases it (best effort, bounded by the
+/// per-instance timeout; a lease that cannot be released ends at its ttl).
 pub struct LockGuard {
     state: Arc<State>,
     watchdog: Option<JoinHandle<()>>,
@@ -156,8 +220,11 @@ impl LockGuard {
             mode: request.mode,
             ttl: request.ttl,
             tokens,
-            valid_until: Mutex::new(valid_until),
-            lost: AtomicBool::new(false),
+            lease: Mutex::new(Lease {
+                valid_until,
+                loss: None,
+            }),
+            reported: AtomicBool::new(false),
             released: AtomicBool::new(false),
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -210,33 +277,37 @@ impl LockGuard {
 
     /// How much longer the lock is certainly held (zero once expired or lost).
     pub fn validity(&self) -> Duration {
-        if self.is_lost() {
+        let now = Instant::now();
+        let lease = self.state.lease();
+        if lease.lost(now) {
             return Duration::ZERO;
         }
-        self.state
-            .valid_until()
-            .saturating_duration_since(Instant::now())
+        lease.valid_until.saturating_duration_since(now)
     }
 
-    /// True once the watchdog found the lock lost (or its validity ran out without an extend).
+    /// True once the lock may no longer be held: from the moment its validity runs out without
+    /// a confirmed extend (checked against the clock on every call, so it does not depend on the
+    /// watchdog thread having noticed, nor on a request in flight), or once a majority of servers
+    /// said this owner no longer holds it. Once true, it stays true. Check it right before
+    /// acting under the lock's protection.
     pub fn is_lost(&self) -> bool {
-        self.state.lost.load(Ordering::SeqCst)
+        self.state.is_lost()
     }
 
-    /// Extends the lease to a full ttl from now (on a majority of servers).
+    /// Extends the lease to a full ttl from now (on a majority of servers). Fails with `Held`
+    /// when a majority says this owner no longer holds the lock, `Expired` when the validity ran
+    /// out before the extend was confirmed (the guard is then lost for good), and `Unreachable`
+    /// when too few servers answered (the lease keeps its current validity).
     pub fn extend(&self) -> Result<Duration, LockError> {
-        match self.state.extend() {
-            Ok(deadline) => Ok(deadline.saturating_duration_since(Instant::now())),
-            Err((true, causes)) => Err(LockError::Held { causes }),
-            Err((false, causes)) => Err(LockError::Unreachable { causes }),
-        }
+        self.state
+            .extend()
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
     }
 
     /// Releases the lock everywhere. An error lists servers that could not be reached (their
     /// hold ends at its ttl).
     pub fn release(mut self) -> Result<(), LockError> {
-        self.stop_watchdog();
-        let outcomes = self.state.release();
+        let outcomes = self.finish();
         if outcomes
             .iter()
             .any(|o| matches!(o, Outcome::Unreachable(_)))
@@ -248,19 +319,38 @@ impl LockGuard {
         Ok(())
     }
 
-    fn stop_watchdog(&mut self) {
+    /// Stops the watchdog, releases, and waits for the watchdog thread to end.
+    ///
+    /// The release is sent at once, without waiting for the watchdog thread first: it may be in
+    /// an extend, which runs on a connection of its own, so both proceed side by side (a
+    /// NOTOWNER that the extend may get after our release is not reported: the stop flag is
+    /// set before the release is sent). Neither waits for any other request of the client (no
+    /// connection is shared with a request in flight, see the crate docs), and each is bounded
+    /// by the per-instance timeout (plus one for connecting, when no idle connection is left).
+    ///
+    /// Why synchronous, bounded by the timeout, rather than handed to a background thread: on a
+    /// healthy server the lock is free when `drop` / `release` returns, so the next holder (in
+    /// this process or another) can take it at once, and a process that exits right after
+    /// dropping its guards does not leave them held until their ttl (a background thread would
+    /// be killed with the process). The cost is bounded: a dead server refuses the connection
+    /// at once, and a paused one costs at most about two timeouts.
+    fn finish(&mut self) -> Vec<Outcome> {
+        *self.state.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.state.wake.notify_all();
+        let outcomes = self.state.release();
         if let Some(handle) = self.watchdog.take() {
-            *self.state.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            self.state.wake.notify_all();
             let _ = handle.join();
         }
+        outcomes
     }
 }
 
 impl Drop for LockGuard {
+    /// Releases the lock (best effort; see [`LockGuard::release`] for the bounds): it never
+    /// waits for another request of the same client, such as a blocking acquire in another
+    /// thread.
     fn drop(&mut self) {
-        self.stop_watchdog();
-        self.state.release();
+        self.finish();
     }
 }
 
@@ -276,45 +366,60 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
-/// The watchdog thread: sleeps `fraction * ttl` (or until stopped), extends, repeats.
+/// The watchdog thread: sleeps `fraction * ttl` (or until stopped), extends, repeats. It also
+/// wakes when the validity runs out, to report the loss then even if the last extend failed
+/// inconclusively (servers unreachable).
 fn run_watchdog(state: &State, watchdog: &Watchdog) {
     let period = state
         .ttl
         .mul_f64(watchdog.fraction)
         .max(Duration::from_millis(1));
     let mut next = Instant::now() + period;
+    // What the servers answered to the last failed extend, for the report.
+    let mut last_causes = Vec::new();
     loop {
         {
             let mut stopped = state.stop.lock().unwrap_or_else(|e| e.into_inner());
-            while !*stopped {
+            loop {
+                if *stopped {
+                    return;
+                }
                 let now = Instant::now();
-                if now >= next {
+                let until = next.min(state.valid_until());
+                if now >= until {
                     break;
                 }
-                stopped = match state.wake.wait_timeout(stopped, next - now) {
+                stopped = match state.wake.wait_timeout(stopped, until - now) {
                     Ok((guard, _)) => guard,
                     Err(e) => e.into_inner().0,
                 };
             }
-            if *stopped {
-                return;
-            }
+        }
+        if state.is_lost() {
+            state.report_lost(last_causes, watchdog);
+            return;
         }
         match state.extend() {
             Ok(_) => next = Instant::now() + period,
-            Err((definite, causes)) => {
-                if definite || Instant::now() >= state.valid_until() {
-                    state.mark_lost(
-                        LostLock {
-                            key: state.key.clone(),
-                            causes,
-                        },
-                        watchdog,
-                    );
-                    return;
-                }
-                // Not conclusive (servers unreachable) and still valid: try again sooner.
+            // Not conclusive and still valid: try again sooner.
+            Err(LockError::Unreachable { causes }) if !state.is_lost() => {
+                last_causes = causes;
                 next = Instant::now() + period / 4;
+            }
+            Err(e) => {
+                let causes = match e {
+                    LockError::Held { causes }
+                    | LockError::Unreachable { causes }
+                    | LockError::Refused { causes }
+                    | LockError::Expired { causes } => causes,
+                };
+                let causes = if causes.is_empty() {
+                    last_causes
+                } else {
+                    causes
+                };
+                state.report_lost(causes, watchdog);
+                return;
             }
         }
     }

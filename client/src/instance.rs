@@ -1,4 +1,26 @@
-//! Redis servers with the lock module, and how one request reaches all of them at once.
+//! Redis servers with the lock module, their connections, and how one request reaches all of
+//! them at once.
+//!
+//! # Connections
+//!
+//! Every server has two small pools of idle connections: one for *short* commands (extend,
+//! release, try-acquire: the server answers at once) and one for *blocking* requests (an acquire
+//! with `WAIT`, answered when granted or when the wait is over). A request takes a connection
+//! out of its pool, or opens one when the pool is empty (another thread is using it), and puts
+//! it back once the reply has been read. The pools' mutexes are only held to take or return a
+//! connection, never across I/O, so no request ever queues behind another one: in particular a
+//! lease's extend or release never waits for a blocking wait on the same client. In the common
+//! case (one request at a time) that is one short-command connection, plus one more per
+//! concurrent blocking wait.
+//!
+//! # Timeouts
+//!
+//! Connecting, authenticating and every short reply are bounded by the server's timeout. A
+//! blocking request's reply is bounded by its wait plus the timeout plus [`WAIT_REPLY_MARGIN`],
+//! so that a read timeout never cuts a wait short (a cut wait would drop the connection, and a
+//! grant made just before would be lost until its ttl).
+//!
+//! # Requests to several servers
 //!
 //! A request to N servers is scatter-gather on blocking sockets: the command is written to every
 //! connection first, then each reply is read against one shared deadline. So the servers work
@@ -9,7 +31,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Cmd, Connection, IntoConnectionInfo, Value};
+use redis::{Client, Cmd, Connection, ConnectionLike, IntoConnectionInfo, Value};
 
 /// What one server answered to one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +46,26 @@ pub enum Outcome {
     Unreachable(String),
 }
 
-/// One server. Its connection is opened on first use and dropped after any I/O failure (it may
-/// still carry a late reply), to be reopened by the next request.
+/// Which pool a request draws its connection from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Answered at once: extend, release, an acquire without `WAIT`.
+    Short,
+    /// May block on the server for a while: an acquire with `WAIT`.
+    Blocking,
+}
+
+/// Idle connections kept per pool and server; more are closed when they come back (they were
+/// only needed while that many requests ran at once).
+const MAX_IDLE: usize = 4;
+
+/// Added to a blocking request's wait (and the timeout) before its reply is given up on: the
+/// server's own wait timeout fires on its timer, a little late on a busy server.
+pub(crate) const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(1);
+
+/// One server. Connections are opened on demand, pooled while idle, and dropped after any I/O
+/// failure (one may still carry a late reply); an I/O failure also closes the server's idle
+/// connections, which are likely dead as well (a restarted server).
 pub struct Instance {
     name: String,
     client: Client,
@@ -35,13 +75,16 @@ pub struct Instance {
     password: Option<String>,
     db: i64,
     timeout: Duration,
-    conn: Mutex<Option<Connection>>,
+    /// Idle connections for short commands.
+    short: Mutex<Vec<Connection>>,
+    /// Idle connections for blocking requests.
+    blocking: Mutex<Vec<Connection>>,
 }
 
 impl Instance {
     /// `url` as for the `redis` crate (`redis://[user:password@]host:port/db`); `timeout`
-    /// bounds connecting, authenticating and each reply. Fails only on a malformed URL: the
-    /// server is contacted on first use.
+    /// bounds connecting, authenticating and each reply (a blocking request's reply also gets
+    /// its wait). Fails only on a malformed URL: the server is contacted on first use.
     pub fn new(url: &str, timeout: Duration) -> redis::RedisResult<Self> {
         let mut info = url.into_connection_info()?;
         let username = info.redis.username.take();
@@ -55,7 +98,8 @@ impl Instance {
             password,
             db,
             timeout: timeout.max(Duration::from_millis(1)),
-            conn: Mutex::new(None),
+            short: Mutex::new(Vec::new()),
+            blocking: Mutex::new(Vec::new()),
         })
     }
 
@@ -81,44 +125,80 @@ impl Instance {
         }
         Ok(conn)
     }
-}
 
-fn lock_slot(i: &Instance) -> MutexGuard<'_, Option<Connection>> {
-    i.conn.lock().unwrap_or_else(|e| e.into_inner())
+    fn pool(&self, kind: Kind) -> MutexGuard<'_, Vec<Connection>> {
+        let pool = match kind {
+            Kind::Short => &self.short,
+            Kind::Blocking => &self.blocking,
+        };
+        pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An idle connection of this kind, if there is one (the pool's lock is released at once).
+    fn take(&self, kind: Kind) -> Option<Connection> {
+        self.pool(kind).pop()
+    }
+
+    /// Returns a connection whose reply has been read in full.
+    fn put_back(&self, kind: Kind, conn: Connection) {
+        let mut pool = self.pool(kind);
+        if conn.is_open() && pool.len() < MAX_IDLE {
+            pool.push(conn);
+        }
+    }
+
+    /// After an I/O failure: the idle connections are probably dead too.
+    fn forget_idle(&self) {
+        let idle: Vec<Connection> = [Kind::Short, Kind::Blocking]
+            .into_iter()
+            .flat_map(|k| std::mem::take(&mut *self.pool(k)))
+            .collect();
+        drop(idle); // closed outside the pools' locks
+    }
 }
 
 fn is_io(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
-/// Sends `cmds[i]` to `instances[i]` for every i at once and collects the replies. `extra`
-/// lengthens the deadline (a server-side WAIT).
+/// Sends `cmds[i]` to `instances[i]` for every i at once and collects the replies. `wait` is
+/// the server-side WAIT of a blocking request (`None` for a short command): the connections
+/// then come from the blocking pools and the reply deadline is lengthened by the wait and
+/// [`WAIT_REPLY_MARGIN`].
 pub(crate) fn scatter_gather(
     instances: &[Instance],
     cmds: &[Cmd],
-    extra: Duration,
+    wait: Option<Duration>,
 ) -> Vec<Result<Value, Outcome>> {
-    // Lock every connection in index order (the same order for every caller: no deadlock).
-    let mut slots: Vec<MutexGuard<'_, Option<Connection>>> =
-        instances.iter().map(lock_slot).collect();
+    let kind = if wait.is_some() {
+        Kind::Blocking
+    } else {
+        Kind::Short
+    };
+    // Connections owned by this request alone: nobody else waits for them, and we wait for
+    // nobody.
+    let mut conns: Vec<Option<Connection>> = instances.iter().map(|i| i.take(kind)).collect();
     let mut results: Vec<Option<Result<Value, Outcome>>> = vec![None; instances.len()];
 
     // Connect what is not connected, in parallel when more than one needs it.
-    let missing = slots.iter().filter(|s| s.is_none()).count();
+    let missing = conns.iter().filter(|c| c.is_none()).count();
     let connect = |i: &Instance, slot: &mut Option<Connection>| -> Option<Outcome> {
         match i.connect() {
             Ok(c) => {
                 *slot = Some(c);
                 None
             }
-            Err(e) => Some(Outcome::Unreachable(e.to_string())),
+            Err(e) => {
+                i.forget_idle();
+                Some(Outcome::Unreachable(e.to_string()))
+            }
         }
     };
     let failures: Vec<Option<Outcome>> = if missing > 1 {
         std::thread::scope(|s| {
             let handles: Vec<_> = instances
                 .iter()
-                .zip(slots.iter_mut().map(|guard| &mut **guard))
+                .zip(conns.iter_mut())
                 .map(|(i, slot)| {
                     s.spawn(move || {
                         if slot.is_none() {
@@ -141,7 +221,7 @@ pub(crate) fn scatter_gather(
     } else {
         instances
             .iter()
-            .zip(slots.iter_mut())
+            .zip(conns.iter_mut())
             .map(|(i, slot)| {
                 if slot.is_none() {
                     connect(i, slot)
@@ -158,7 +238,12 @@ pub(crate) fn scatter_gather(
     }
 
     // Scatter.
-    for ((slot, cmd), result) in slots.iter_mut().zip(cmds).zip(results.iter_mut()) {
+    for (((i, slot), cmd), result) in instances
+        .iter()
+        .zip(conns.iter_mut())
+        .zip(cmds)
+        .zip(results.iter_mut())
+    {
         if result.is_some() {
             continue;
         }
@@ -167,36 +252,57 @@ pub(crate) fn scatter_gather(
             continue;
         };
         if let Err(e) = conn.send_packed_command(&cmd.get_packed_command()) {
-            **slot = None;
+            *slot = None;
+            i.forget_idle();
             *result = Some(Err(Outcome::Unreachable(e.to_string())));
         }
     }
 
-    // Gather, against one deadline for all.
-    let deadline = Instant::now() + instances.first().map_or(Duration::ZERO, |i| i.timeout) + extra;
-    for (slot, result) in slots.iter_mut().zip(results.iter_mut()) {
+    // Gather, against one deadline for all. `None`: a wait too long to add to a clock, read
+    // without a time limit (the server's WAIT ends it).
+    let bound = instances.first().map_or(Duration::ZERO, |i| i.timeout);
+    let bound = match wait {
+        None => Some(bound),
+        Some(w) => w
+            .checked_add(bound)
+            .and_then(|b| b.checked_add(WAIT_REPLY_MARGIN)),
+    };
+    let deadline = bound.and_then(|b| Instant::now().checked_add(b));
+    for ((i, slot), result) in instances
+        .iter()
+        .zip(conns.iter_mut())
+        .zip(results.iter_mut())
+    {
         if result.is_some() {
             continue;
         }
-        let Some(conn) = slot.as_mut() else {
+        let Some(mut conn) = slot.take() else {
             *result = Some(Err(Outcome::Unreachable("no connection".into())));
             continue;
         };
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
+        let left = deadline.map(|d| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        });
         let reply = conn
-            .set_read_timeout(Some(left))
+            .set_read_timeout(left)
             .and_then(|_| conn.recv_response());
         *result = Some(match reply {
-            Ok(Value::ServerError(e)) => Err(Outcome::Refused(format!(
-                "{} {}",
-                e.code(),
-                e.details().unwrap_or("")
-            ))),
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                // A whole reply was read: the connection is clean, ready for the next request.
+                i.put_back(kind, conn);
+                match v {
+                    Value::ServerError(e) => Err(Outcome::Refused(format!(
+                        "{} {}",
+                        e.code(),
+                        e.details().unwrap_or("")
+                    ))),
+                    v => Ok(v),
+                }
+            }
+            // The connection is dropped here: it may still carry a late reply.
             Err(e) if is_io(&e) => {
-                **slot = None;
+                i.forget_idle();
                 Err(Outcome::Unreachable(e.to_string()))
             }
             Err(e) => Err(Outcome::Refused(e.to_string())),

@@ -10,6 +10,40 @@
 //! `release`, release on drop (best effort), and an optional [`Watchdog`] that keeps extending
 //! the lease and reports a lost lock.
 //!
+//! # Connections
+//!
+//! Per server, a client keeps **one connection for short commands** (try-acquire, extend,
+//! release: the server answers at once) and **connections for blocking waits** (an acquire
+//! with `WAIT`: one connection per wait in progress, kept in a small pool afterwards). A request
+//! holds its connection alone from sending to reading the reply, and no lock is held across
+//! I/O: when a second short command runs while the first is still out (for instance a
+//! watchdog's extend during a try-acquire of another thread) it opens a further connection
+//! rather than queue. So renewals and releases never wait behind a blocking acquire, or behind
+//! any other request, of the same [`LockClient`] or [`Redlock`]: one client can be shared by
+//! all threads of a process.
+//!
+//! Each server's `timeout` bounds connecting and every reply of a short command, so a paused or
+//! dead server costs at most about that much per call (two timeouts when a connection must be
+//! opened first). A blocking acquire's reply may take its wait plus the timeout plus a margin
+//! of one second: a read timeout never cuts a long wait short. After an I/O failure the
+//! connection is dropped (it may still carry a late reply) and a new one is opened next time.
+//!
+//! # Validity and loss
+//!
+//! A guard's *validity* ends at the lease's ttl counted from when the granting (or the last
+//! confirmed extending) request was **sent**, less the clock drift allowance ([`drift`]; for
+//! a waited single-server grant, from when the grant's reply arrived, less a transit margin):
+//! the latest moment at which the lock is certainly still held. [`LockGuard::is_lost`] is true
+//! from the moment validity runs out without a confirmed extend, whether or not a watchdog
+//! runs and even while the watchdog's own extend is still waiting for an answer; it is also true
+//! once the watchdog found that a majority no longer holds the lock for this owner. Once true it
+//! stays true: an extend confirmed after validity ran out does not revive the guard (the lock may
+//! have been free in between), it fails with [`LockError::Expired`]. So check `is_lost()` (or
+//! [`LockGuard::validity`]) right before acting on the lock's protection, and prefer fencing
+//! tokens where the protected resource can check them. The watchdog reports a loss once, through
+//! its `on_lost` callback and `notify` channel, as soon as it notices it (at the latest when
+//! its pending extend times out).
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use redis_lock_client::{Acquire, LockClient};
@@ -115,7 +149,8 @@ pub enum LockError {
     Unreachable { causes: Vec<(String, Outcome)> },
     /// An instance refused the request (for example `DEADLOCK`: a reader asking to write).
     Refused { causes: Vec<(String, Outcome)> },
-    /// The lock's validity ran out while acquiring it (the instances were too slow).
+    /// The lock's validity ran out while acquiring it (the instances were too slow), or before
+    /// an extend of it was confirmed.
     Expired { causes: Vec<(String, Outcome)> },
 }
 
@@ -137,7 +172,7 @@ impl std::fmt::Display for LockError {
             LockError::Held { .. } => "lock held by someone else",
             LockError::Unreachable { .. } => "too few lock instances reachable",
             LockError::Refused { .. } => "lock request refused",
-            LockError::Expired { .. } => "lock validity ran out while acquiring",
+            LockError::Expired { .. } => "lock validity ran out",
         };
         write!(f, "{what}:")?;
         for (name, outcome) in self.causes() {
@@ -156,10 +191,11 @@ pub(crate) struct Servers {
 }
 
 impl Servers {
-    /// The same command to every server at once.
-    fn run(&self, cmd: &Cmd, extra: Duration) -> Vec<Result<Value, Outcome>> {
+    /// The same command to every server at once; `wait` for a blocking request (see
+    /// [`instance::scatter_gather`]).
+    fn run(&self, cmd: &Cmd, wait: Option<Duration>) -> Vec<Result<Value, Outcome>> {
         let cmds = vec![cmd.clone(); self.instances.len()];
-        instance::scatter_gather(&self.instances, &cmds, extra)
+        instance::scatter_gather(&self.instances, &cmds, wait)
     }
 
     /// LOCK.ACQUIRE / LOCK.RWREAD everywhere, with server-side WAIT when `wait` is set.
@@ -179,7 +215,7 @@ impl Servers {
         if let Some(w) = wait {
             cmd.arg("WAIT").arg(millis(w));
         }
-        self.run(&cmd, wait.unwrap_or_default())
+        self.run(&cmd, wait)
             .into_iter()
             .map(|r| match r {
                 Ok(Value::Int(t)) => Outcome::Granted(u64::try_from(t).unwrap_or(0)),
@@ -194,7 +230,7 @@ impl Servers {
     pub(crate) fn extend(&self, key: &str, owner: &str, ttl: Duration) -> Vec<Outcome> {
         let mut cmd = redis::cmd("LOCK.EXTEND");
         cmd.arg(key).arg(owner).arg(millis(ttl));
-        self.run(&cmd, Duration::ZERO)
+        self.run(&cmd, None)
             .into_iter()
             .map(|r| match r {
                 Ok(Value::Int(_)) => Outcome::Granted(0),
@@ -208,7 +244,7 @@ impl Servers {
     pub(crate) fn release(&self, key: &str, owner: &str) -> Vec<Outcome> {
         let mut cmd = redis::cmd("LOCK.RELEASE");
         cmd.arg(key).arg(owner).arg("ALL");
-        self.run(&cmd, Duration::ZERO)
+        self.run(&cmd, None)
             .into_iter()
             .map(|r| match r {
                 Err(Outcome::Unreachable(e)) => Outcome::Unreachable(e),
@@ -235,14 +271,20 @@ fn random_owner() -> String {
     format!("{:032x}", rand::thread_rng().gen::<u128>())
 }
 
-/// A lock client for one Redis server with the module loaded. It keeps one connection, which
-/// a waiting acquire occupies while it waits: use one `LockClient` per thread that waits.
+/// A lock client for one Redis server with the module loaded.
+///
+/// One `LockClient` can be shared by any number of threads (it is `Send + Sync`; wrap it in an
+/// `Arc` or borrow it in scoped threads): short commands go through one connection (a further
+/// one only while two run at the same moment) and every waiting acquire through a connection
+/// of its own, so a wait never delays another thread's request, nor the extends and releases of
+/// this client's guards. See the [crate documentation](crate#connections).
 pub struct LockClient {
     servers: Arc<Servers>,
 }
 
 impl LockClient {
-    /// `timeout` bounds connecting and each reply (a waiting acquire adds its wait).
+    /// `timeout` bounds connecting and each reply (a waiting acquire's reply may also take its
+    /// wait and a one-second margin).
     pub fn new(url: &str, timeout: Duration) -> redis::RedisResult<Self> {
         Ok(LockClient {
             servers: Arc::new(Servers {
@@ -333,9 +375,11 @@ fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
 
 /// Redlock: one lock over N independent servers (N/2+1 must grant it).
 ///
-/// A `Redlock` keeps one connection per server; threads sharing one `Redlock` take turns on
-/// those connections. Give each thread its own `Redlock` (it is cheap: connections open on
-/// first use) when they lock concurrently.
+/// A `Redlock` can be shared by threads: every request takes its own connection to each
+/// server (pooled, see the [crate documentation](crate#connections)), so concurrent requests
+/// never wait for one another. Its acquire never blocks on a server (waiting on one server
+/// while holding another could deadlock): with `wait` it retries client-side, after a random
+/// delay.
 pub struct Redlock {
     servers: Arc<Servers>,
     retry_delay: (Duration, Duration),

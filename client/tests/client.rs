@@ -270,3 +270,188 @@ fn the_watchdog_keeps_a_lock_for_five_ttls_and_reports_its_loss() {
     assert!(called.load(Ordering::SeqCst));
     assert_eq!(guard.validity(), Duration::ZERO);
 }
+
+/// A watchdog's extends do not queue behind a blocking acquire of the same client: while that
+/// client waits (far longer than the ttl) for a lock held elsewhere, its guarded lock stays
+/// held and another client cannot take it.
+#[test]
+fn the_watchdog_keeps_extending_while_the_same_client_blocks_in_a_long_wait() {
+    let server = Server::start();
+    let client = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let elsewhere = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let intruder = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let ttl = Duration::from_secs(1);
+    let guard = client
+        .acquire("guarded", Acquire::write(ttl).watchdog(Watchdog::new()))
+        .unwrap();
+    let busy = elsewhere.try_lock("busy", Duration::from_secs(60)).unwrap();
+    let mut c = server.client();
+    let (taken, lost, validity, held_by, still_waiting, waited) = thread::scope(|s| {
+        // The same client blocks (up to 30 s) for a lock that another client holds.
+        let waiter = s.spawn(|| client.lock("busy", ttl, PATIENCE * 3));
+        common::wait_until("the wait is queued", || {
+            common::waiting(&mut c, "busy") == 1
+        });
+        // Meanwhile someone else tries for 3 s (3 ttls) to take the guarded lock.
+        let taken = intruder.lock("guarded", ttl, Duration::from_secs(3));
+        let observed = (
+            taken.map(|g| g.fencing_token()),
+            guard.is_lost(),
+            guard.validity(),
+            holders(&mut c, "guarded"),
+            common::waiting(&mut c, "busy"),
+        );
+        // End the wait before asserting, so a failure does not wait for it.
+        drop(busy);
+        let waited = waiter.join().unwrap().map(|g| g.fencing_token());
+        (
+            observed.0, observed.1, observed.2, observed.3, observed.4, waited,
+        )
+    });
+    assert!(
+        matches!(taken, Err(LockError::Held { .. })),
+        "another client took the lock while its holder's client was waiting: {taken:?}"
+    );
+    assert!(!lost, "is_lost() while the watchdog should be extending");
+    assert!(validity > Duration::ZERO);
+    assert_eq!(held_by, vec![(guard.owner().to_string(), 1)]);
+    assert_eq!(still_waiting, 1, "the blocking wait was still in progress");
+    assert!(matches!(waited, Ok(Some(_))), "the waiter: {waited:?}");
+    assert!(!guard.is_lost());
+    guard.release().unwrap();
+}
+
+/// `is_lost()` follows the clock: once the validity has run out without a confirmed extend it
+/// is true, even while the watchdog's extend to a paused server is still waiting for its
+/// timeout (longer than the ttl here); the watchdog then reports the loss once.
+#[test]
+fn is_lost_is_true_as_soon_as_validity_runs_out_on_a_paused_server() {
+    let server = Server::start();
+    // A per-instance timeout longer than the lease: the watchdog's extend is still pending
+    // when the validity ends.
+    let client = LockClient::new(&url(&server), Duration::from_secs(2)).unwrap();
+    let ttl = Duration::from_millis(600);
+    let (tx, rx) = mpsc::channel();
+    let guard = client
+        .acquire(
+            "paused",
+            Acquire::write(ttl).watchdog(Watchdog::new().notify(tx)),
+        )
+        .unwrap();
+    let plain = client.try_lock("plain", ttl).unwrap();
+    thread::sleep(ttl * 2); // a few extends went through
+    assert!(!guard.is_lost(), "lost while the server answers");
+    server.signal("STOP");
+    let stopped = Instant::now();
+    // Every confirmed extend was sent before the server stopped, so the validity ends before
+    // `stopped + ttl`: from then on the guard must say lost. Sample for a second longer.
+    let mut violation = None;
+    let mut lost_seen_at = None;
+    while stopped.elapsed() < ttl + Duration::from_secs(1) {
+        let validity = guard.validity();
+        let since = stopped.elapsed();
+        let lost = guard.is_lost();
+        if violation.is_none() {
+            if validity.is_zero() && !lost {
+                violation = Some(format!("validity zero but not lost, {since:?} after STOP"));
+            } else if since >= ttl && !lost {
+                violation = Some(format!("not lost {since:?} after STOP (ttl {ttl:?})"));
+            } else if lost_seen_at.is_some() && !lost {
+                violation = Some(format!("lost, then not lost again at {since:?}"));
+            }
+        }
+        if lost && lost_seen_at.is_none() {
+            lost_seen_at = Some(since);
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    let plain_lost = plain.is_lost();
+    // The watchdog reports once, when its pending extend has timed out.
+    let report = rx.recv_timeout(PATIENCE);
+    server.signal("CONT");
+    assert_eq!(violation, None);
+    assert!(lost_seen_at.is_some(), "never lost");
+    assert!(plain_lost, "a guard without watchdog is lost after its ttl");
+    assert_eq!(report.expect("loss reported").key, "paused");
+    // Still lost once the server answers again; an extend cannot revive it.
+    assert!(guard.is_lost());
+    assert!(matches!(guard.extend(), Err(LockError::Expired { .. })));
+    assert!(guard.is_lost());
+    assert_eq!(guard.validity(), Duration::ZERO);
+    drop(guard);
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "reported once"
+    );
+}
+
+/// Dropping a guard does not wait for another thread's blocking acquire on the same client, and
+/// the lock is released.
+#[test]
+fn dropping_a_guard_does_not_wait_for_a_blocking_acquire_of_the_same_client() {
+    let server = Server::start();
+    let client = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let elsewhere = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let guard = client.try_lock("mine", Duration::from_secs(60)).unwrap();
+    let _busy = elsewhere.try_lock("busy", Duration::from_secs(60)).unwrap();
+    let mut c = server.client();
+    let wait = Duration::from_secs(5);
+    let (took, released, waited) = thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let started = Instant::now();
+            let r = client.lock("busy", Duration::from_secs(1), wait);
+            (r.map(|g| g.fencing_token()), started.elapsed())
+        });
+        common::wait_until("the wait is queued", || {
+            common::waiting(&mut c, "busy") == 1
+        });
+        let started = Instant::now();
+        drop(guard);
+        let took = started.elapsed();
+        let released = int(&mut c, &["EXISTS", "mine"]) == 0;
+        (took, released, waiter.join().unwrap())
+    });
+    eprintln!("drop took {took:?} while a {wait:?} wait ran");
+    assert!(took < Duration::from_secs(1), "drop took {took:?}");
+    assert!(released, "the lock is still held after the drop");
+    // The wait ran its full course: no read timeout cut it.
+    let (result, waited) = waited;
+    assert!(
+        matches!(result, Err(LockError::Held { .. })),
+        "waiter: {result:?}"
+    );
+    assert!(
+        waited >= wait - Duration::from_millis(50),
+        "waited {waited:?}"
+    );
+}
+
+/// A blocking acquire's reply may come long after the per-instance timeout: the wait is not
+/// cut short by a read timeout.
+#[test]
+fn a_wait_longer_than_five_seconds_is_granted_at_its_end() {
+    let server = Server::start();
+    let client = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let holder = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let held = holder.try_lock("long", Duration::from_secs(60)).unwrap();
+    let mut c = server.client();
+    thread::scope(|s| {
+        let waiter = s.spawn(|| client.lock("long", Duration::from_secs(10), PATIENCE * 3));
+        common::wait_until("the wait is queued", || {
+            common::waiting(&mut c, "long") == 1
+        });
+        thread::sleep(Duration::from_secs(6));
+        held.release().unwrap();
+        let granted = waiter.join().unwrap();
+        assert!(granted.is_ok(), "after 6 s: {granted:?}");
+    });
+}
+
+/// One client is meant to be shared by threads (see the crate docs on connections).
+#[test]
+fn clients_and_guards_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<LockClient>();
+    send_sync::<Redlock>();
+    send_sync::<redis_lock_client::LockGuard>();
+}
