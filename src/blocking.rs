@@ -13,8 +13,8 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::ffi::{self, BlockedClient};
 use crate::keys::LockKey;
-use crate::lock::{Millis, Waiter, WaiterId};
 use crate::stats;
+use redis_lock_core::{Millis, Waiter, WaiterId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {

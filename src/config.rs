@@ -37,7 +37,7 @@ pub fn apply_load_args(args: &[&[u8]]) -> Result<(), String> {
                 String::from_utf8_lossy(name)
             ));
         };
-        let n = crate::commands::parse::parse_i64(value)
+        let n = redis_lock_core::parse::parse_i64(value)
             .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
             .ok_or_else(|| format!("{label} must be an integer from 1 to {MAX_MAX_WAITERS}"))?;
         target.store(n, Ordering::Relaxed);

@@ -12,8 +12,8 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::expiry::ArmedTimer;
-use crate::lock::{Holder, Lock, Mode, MAX_OWNER_LEN, MAX_TOKEN};
 use crate::stats::{self, Gauges};
+use redis_lock_core::{Holder, Lock, Mode};
 
 /// Encoding version of the RDB format above.
 pub const ENCODING_VERSION: i32 = 1;
@@ -107,7 +107,6 @@ pub fn load(io: *mut raw::RedisModuleIO, encver: i32) -> Option<LockValue> {
         let fence = raw::load_unsigned(io).map_err(err)?;
         let n = raw::load_unsigned(io).map_err(err)?;
         let mut lock = Lock::new();
-        let mut mode_seen = None;
         stats::with_fences(|fences| -> Result<(), String> {
             lock.restore_fence(fence, fences);
             for _ in 0..n {
@@ -121,25 +120,17 @@ pub fn load(io: *mut raw::RedisModuleIO, encver: i32) -> Option<LockValue> {
                 let count = raw::load_unsigned(io).map_err(err)?;
                 let expires_at = raw::load_unsigned(io).map_err(err)?;
                 let token = raw::load_unsigned(io).map_err(err)?;
-                if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
-                    return Err("owner length out of range".into());
-                }
-                if count == 0 || token == 0 || token > MAX_TOKEN {
-                    return Err("count or token out of range".into());
-                }
                 if lock.holders().get(&owner).is_some() {
                     return Err("duplicate owner".into());
                 }
-                if mode_seen.is_some_and(|m| m != mode || m == Mode::Write) {
-                    return Err("a writer beside another holder".into());
-                }
-                mode_seen = Some(mode);
                 let holder = Holder {
                     mode,
                     count,
                     expires_at,
                     token,
                 };
+                lock.check_restorable(&owner, &holder)
+                    .map_err(|e| e.message().to_string())?;
                 lock.restore_holder(&owner, holder, fences);
             }
             Ok(())

@@ -19,7 +19,7 @@ use redis_module::{Context, ContextFlags, RedisModuleTimerID};
 use crate::datatype::LockValue;
 use crate::ffi;
 use crate::keys::LockKey;
-use crate::lock::Millis;
+use redis_lock_core::Millis;
 
 /// The timer a value has armed, and where it will look for the value (the key by hash: a value
 /// that moved to another name needs a new timer).

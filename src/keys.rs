@@ -9,10 +9,11 @@
 use redis_module::{Context, RedisError, RedisString};
 
 use crate::datatype::{lock_type, LockValue};
+use crate::errors::KEY_NOT_CREATED;
 use crate::ffi::{KeyKind, RawKey};
-use crate::lock::{Event, Lock, Millis, Step};
 use crate::stats::Gauges;
 use crate::{blocking, expiry, ffi, replication, stats};
+use redis_lock_core::{Event, Lock, Millis, Step};
 
 /// The key's name: the command's own argument when there is one (no copy), else a new string.
 enum Name<'a> {
@@ -86,10 +87,9 @@ impl<'a> LockKey<'a> {
         if self.raw.kind() == KeyKind::Empty
             && !self.raw.set_value(Box::new(LockValue::new(Lock::new())))
         {
-            return Err(RedisError::Str("ERR could not create the lock key"));
+            return Err(RedisError::Str(KEY_NOT_CREATED));
         }
-        self.existing()?
-            .ok_or(RedisError::Str("ERR could not create the lock key"))
+        self.existing()?.ok_or(RedisError::Str(KEY_NOT_CREATED))
     }
 
     pub fn set_replicate(&mut self, replicate: bool) {

@@ -11,12 +11,11 @@
 // The Redis side is only compiled into the module; unit tests build the pure parts.
 #![cfg_attr(test, allow(dead_code))]
 
-pub mod lock;
-
 mod blocking;
 mod commands;
 mod config;
 mod datatype;
+mod errors;
 mod expiry;
 mod ffi;
 mod guard;

@@ -21,8 +21,8 @@ use redis_module::Context;
 use crate::datatype::LockValue;
 use crate::ffi::{self, KeyKind};
 use crate::keys::LockKey;
-use crate::lock::Lock;
 use crate::{blocking, stats};
+use redis_lock_core::Lock;
 
 type DbKey = (i32, Box<[u8]>);
 

@@ -21,11 +21,12 @@
 
 use redis_module::{raw, Context, ContextFlags, RedisError, RedisResult, RedisValue};
 
-use crate::commands::parse::{self, ArgError};
 use crate::datatype::LockValue;
+use crate::errors::{arg_error, SYNC_CONFLICT, SYNC_IS_INTERNAL};
 use crate::keys::LockKey;
-use crate::lock::{Holder, Lock, Mode};
 use crate::stats;
+use redis_lock_core::sync::{parse_sync, sync_state};
+use redis_lock_core::{Lock, Mode};
 
 /// Propagates `owner`'s state on `lock` to replicas and the AOF.
 pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
@@ -44,128 +45,15 @@ pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
     crate::ffi::replicate_sync(ctx, key, owner, state.as_bytes());
 }
 
-/// One parsed `LOCK.SYNC`.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Sync<'a> {
-    pub owner: &'a [u8],
-    /// `None` removes the owner.
-    pub holder: Option<Holder>,
-    pub fence: u64,
-    pub counter: u64,
-}
-
-/// The state argument of `LOCK.SYNC`: `count mode expires_at token fence counter`, written
-/// into a stack buffer (this runs on every lock command; `format!` cost more than the rest of
-/// the replication path).
-pub struct SyncState {
-    buf: [u8; 6 * 20 + 5 + 5],
-    len: usize,
-}
-
-impl SyncState {
-    pub fn as_bytes(&self) -> &[u8] {
-        self.buf.get(..self.len).unwrap_or(&[])
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        if let Some(dst) = self.buf.get_mut(self.len..self.len + bytes.len()) {
-            dst.copy_from_slice(bytes);
-            self.len += bytes.len();
-        }
-    }
-
-    fn push_u64(&mut self, mut v: u64) {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.push(digits.get(i..).unwrap_or(&[]));
-    }
-}
-
-pub fn sync_state(
-    count: u64,
-    mode: Mode,
-    expires_at: u64,
-    token: u64,
-    fence: u64,
-    counter: u64,
-) -> SyncState {
-    let mut s = SyncState {
-        buf: [0; 130],
-        len: 0,
-    };
-    s.push_u64(count);
-    s.push(b" ");
-    s.push(mode.as_str().as_bytes());
-    for v in [expires_at, token, fence, counter] {
-        s.push(b" ");
-        s.push_u64(v);
-    }
-    s
-}
-
-/// Parses `owner state` (see [`sync_state`]).
-pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
-    let [owner, state] = args else {
-        return Err(ArgError::Arity);
-    };
-    let fields: Vec<&[u8]> = state.split(|b| *b == b' ').collect();
-    let [count, mode, expires_at, token, fence, counter] = fields[..] else {
-        return Err(ArgError::Syntax);
-    };
-    let number = |b: &[u8]| {
-        parse::parse_i64(b)
-            .and_then(|v| u64::try_from(v).ok())
-            .ok_or(ArgError::Syntax)
-    };
-    if owner.is_empty() || owner.len() > crate::lock::MAX_OWNER_LEN {
-        return Err(ArgError::Owner);
-    }
-    let count = number(count)?;
-    let mode = match mode {
-        b"write" => Mode::Write,
-        b"read" => Mode::Read,
-        _ => return Err(ArgError::Syntax),
-    };
-    let expires_at = number(expires_at)?;
-    let token = number(token)?;
-    let fence = number(fence)?;
-    let counter = number(counter)?;
-    let holder = (count > 0).then_some(Holder {
-        mode,
-        count,
-        expires_at,
-        token,
-    });
-    Ok(Sync {
-        owner,
-        holder,
-        fence,
-        counter,
-    })
-}
-
 /// `LOCK.SYNC key owner state`: applies a master's effect.
 pub fn sync_command(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     let [_, key, rest @ ..] = args else {
         return Err(RedisError::WrongArity);
     };
-    let sync = parse_sync(rest).map_err(|e| match e {
-        ArgError::Arity => RedisError::WrongArity,
-        other => RedisError::Str(other.message()),
-    })?;
+    let sync = parse_sync(rest).map_err(arg_error)?;
     let flags = ctx.get_flags();
     if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
-        return Err(RedisError::Str(
-            "ERR LOCK.SYNC is internal: it is accepted only from a master or while loading the AOF",
-        ));
+        return Err(RedisError::Str(SYNC_IS_INTERNAL));
     }
     let mut lock_key = LockKey::open(ctx, key);
     lock_key.set_replicate(false);
@@ -174,7 +62,13 @@ pub fn sync_command(ctx: &Context, args: &[&[u8]]) -> RedisResult {
         (Some(_), None) => {
             lock_key.existing_or_new()?;
         }
-        _ => {}
+        (Some(h), Some(value)) => {
+            // As strict as an RDB load: never a writer beside another holder.
+            if value.lock.check_restorable(sync.owner, h).is_err() {
+                return Err(RedisError::Str(SYNC_CONFLICT));
+            }
+        }
+        (None, Some(_)) => {}
     }
     lock_key.apply_exact(|lock| {
         stats::with_fences(|fences| {
@@ -202,53 +96,5 @@ pub fn rewrite(io: *mut raw::RedisModuleIO, key: &[u8], value: &LockValue) {
     for (owner, h) in value.lock.holders().iter() {
         let state = sync_state(h.count, h.mode, h.expires_at, h.token, fence, counter);
         crate::ffi::emit_sync(io, key, owner, state.as_bytes());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sync_round_trips_a_holder_and_a_removal() {
-        let mut lock = Lock::new();
-        let mut fences = crate::lock::FenceCounter::default();
-        let mut events = Vec::new();
-        let mut step = crate::lock::Step {
-            now: 1_000,
-            fences: &mut fences,
-            events: &mut events,
-        };
-        lock.acquire(b"me", Mode::Read, 500, None, &mut step);
-        let h = lock.holders().get(b"me").cloned().unwrap();
-        let state = sync_state(h.count, h.mode, h.expires_at, h.token, lock.fence(), 7);
-        let sync = parse_sync(&[b"me", state.as_bytes()]).unwrap();
-        assert_eq!(sync.owner, b"me");
-        assert_eq!(sync.holder, Some(h));
-        assert_eq!((sync.fence, sync.counter), (1, 7));
-        let gone = sync_state(0, Mode::Write, 0, 0, 1, 7);
-        assert_eq!(
-            parse_sync(&[b"other", gone.as_bytes()]).unwrap().holder,
-            None
-        );
-    }
-
-    #[test]
-    fn sync_rejects_malformed_arguments() {
-        let ok: &[u8] = b"1 write 10 1 1 3";
-        assert!(parse_sync(&[b"o", ok]).is_ok());
-        for bad in [
-            &b"1 exclusive 10 1 1 3"[..],
-            b"-1 write 10 1 1 3",
-            b"1 write 10 1 1",
-            b"1 write 10 1 1 3 4",
-            b"1  write 10 1 1 3",
-            b"",
-            b"1 write 10 1 1 x",
-        ] {
-            assert_eq!(parse_sync(&[b"o", bad]), Err(ArgError::Syntax), "{bad:?}");
-        }
-        assert_eq!(parse_sync(&[b"", ok]), Err(ArgError::Owner));
-        assert_eq!(parse_sync(&[b"o"]), Err(ArgError::Arity));
     }
 }

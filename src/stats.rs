@@ -6,7 +6,7 @@
 
 use std::cell::Cell;
 
-use crate::lock::{FenceCounter, Lock, Mode};
+use redis_lock_core::{FenceCounter, Lock, Mode};
 
 thread_local! {
     static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };

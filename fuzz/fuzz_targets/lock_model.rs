@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_lock_fuzz::lock::reference;
+use redis_lock_core::reference;
 
 fuzz_target!(|data: &[u8]| {
     let ops = reference::decode(data);

@@ -3,8 +3,6 @@
 //! Each public handler is what `redis_module!` registers; it runs its body under the panic
 //! guard and validates every argument before any state is looked at.
 
-pub mod parse;
-
 use std::collections::BTreeMap;
 
 use redis_module::redisvalue::RedisValueKey;
@@ -12,30 +10,17 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use crate::guard::guard;
 use crate::keys::LockKey;
-use crate::lock::{Acquired, Mode, Waiter};
 use crate::{blocking, ffi, reconcile, stats};
+use redis_lock_core::{Acquired, Mode, Waiter};
 
-use self::parse::ArgError;
-
-fn arg_error(e: ArgError) -> RedisError {
-    match e {
-        ArgError::Arity => RedisError::WrongArity,
-        other => RedisError::Str(other.message()),
-    }
-}
+use crate::errors::{
+    arg_error, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED, NOT_OWNER, QUEUE_FULL, TOO_MANY_WAITERS,
+};
+use redis_lock_core::parse;
 
 fn slices(args: &[RedisString]) -> Vec<&[u8]> {
     args.iter().map(|a| a.as_slice()).collect()
 }
-
-const NOT_OWNER: &str =
-    "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
-const TOO_MANY_WAITERS: &str =
-    "MAXWAITERS the server-wide waiter limit is reached (lock.max-total-waiters); retry later or raise the limit";
-const QUEUE_FULL: &str =
-    "MAXWAITERS the lock's wait queue is full (lock.max-waiters); retry later or raise the limit";
-const DEADLOCK: &str =
-    "DEADLOCK the owner holds this lock shared and asked for it exclusively; release the read hold first";
 
 /// LOCK.ACQUIRE key owner ttl [WAIT timeout]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -74,7 +59,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
     let wait_id = (wants_to_wait && queue_full.is_none()).then(blocking::next_id);
     let outcome = lock_key
         .apply(|lock, step| lock.acquire(req.owner, mode, req.ttl, wait_id, step))
-        .ok_or(RedisError::Str("ERR the lock key vanished"))?;
+        .ok_or(RedisError::Str(KEY_VANISHED))?;
     match outcome {
         Acquired::Granted { token, .. } => {
             stats::count_grant();
@@ -106,7 +91,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
         },
         Acquired::Busy => Ok(RedisValue::Null),
         Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
-        Acquired::CountOverflow => Err(RedisError::Str("ERR hold count overflow")),
+        Acquired::CountOverflow => Err(RedisError::Str(COUNT_OVERFLOW)),
     }
 }
 

@@ -362,3 +362,56 @@ fn direct_changes_are_reported_for_replication() {
         "a refused request changes nothing and reports nothing"
     );
 }
+
+#[test]
+fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
+    let holder = |mode, count, token| Holder {
+        mode,
+        count,
+        expires_at: 10_000,
+        token,
+    };
+    let mut fences = FenceCounter::default();
+    let mut lock = Lock::new();
+    lock.restore_holder(b"r1", holder(Mode::Read, 1, 3), &mut fences);
+    // Another reader, or the same owner's own state replaced: fine.
+    assert_eq!(
+        lock.check_restorable(b"r2", &holder(Mode::Read, 2, 4)),
+        Ok(())
+    );
+    assert_eq!(
+        lock.check_restorable(b"r1", &holder(Mode::Write, 1, 5)),
+        Ok(())
+    );
+    // A writer beside a reader, a reader beside a writer.
+    assert_eq!(
+        lock.check_restorable(b"w", &holder(Mode::Write, 1, 5)),
+        Err(RestoreError::Conflict)
+    );
+    let mut written = Lock::new();
+    written.restore_holder(b"w", holder(Mode::Write, 1, 3), &mut fences);
+    assert_eq!(
+        written.check_restorable(b"r", &holder(Mode::Read, 1, 4)),
+        Err(RestoreError::Conflict)
+    );
+    // Values that were never issued or accepted.
+    for (owner, h) in [
+        (&b""[..], holder(Mode::Read, 1, 1)),
+        (&[b'o'; MAX_OWNER_LEN + 1][..], holder(Mode::Read, 1, 1)),
+    ] {
+        assert_eq!(
+            lock.check_restorable(owner, &h),
+            Err(RestoreError::OwnerLength)
+        );
+    }
+    for h in [
+        holder(Mode::Read, 0, 1),
+        holder(Mode::Read, 1, 0),
+        holder(Mode::Read, 1, MAX_TOKEN + 1),
+    ] {
+        assert_eq!(
+            lock.check_restorable(b"r3", &h),
+            Err(RestoreError::CountOrToken)
+        );
+    }
+}

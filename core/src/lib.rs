@@ -1,4 +1,7 @@
-//! The lock state machine: plain Rust, no Redis types, the clock passed in.
+//! The lock state machine of the redis-lock module: plain Rust, no Redis types, the clock
+//! passed in. Beside it, the two codecs that must agree with it: argument parsing ([`parse`])
+//! and the `LOCK.SYNC` replication state ([`sync`]). The module, the fuzz targets and the tests
+//! all use this crate by name.
 //!
 //! A [`Lock`] is what one Redis key holds: its holders (each with a mode, a reentrancy count,
 //! an absolute expiry and a fencing token) and the FIFO queue of waiters. Every operation
@@ -13,11 +16,13 @@
 //! re-entering a lock they already hold.
 
 mod holders;
+pub mod parse;
 mod queue;
+pub mod sync;
 
 #[cfg(test)]
 mod model_tests;
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "reference"))]
 pub mod reference;
 #[cfg(test)]
 mod tests;
@@ -129,6 +134,38 @@ pub enum Acquired {
     Deadlock,
     /// The owner's hold count is at its maximum (2^64 - 1).
     CountOverflow,
+}
+
+/// Why a saved or replicated holder cannot be restored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreError {
+    /// The owner is empty or longer than [`MAX_OWNER_LEN`].
+    OwnerLength,
+    /// A count of 0, or a token that was never issued (0, or above [`MAX_TOKEN`]).
+    CountOrToken,
+    /// A writer beside another holder.
+    Conflict,
+}
+
+impl RestoreError {
+    pub fn message(self) -> &'static str {
+        match self {
+            RestoreError::OwnerLength => "owner length out of range",
+            RestoreError::CountOrToken => "count or token out of range",
+            RestoreError::Conflict => "a writer beside another holder",
+        }
+    }
+}
+
+/// The checks a saved holder passes on its own, before it is compared with the others.
+pub fn check_holder(owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
+    if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
+        return Err(RestoreError::OwnerLength);
+    }
+    if holder.count == 0 || holder.token == 0 || holder.token > MAX_TOKEN {
+        return Err(RestoreError::CountOrToken);
+    }
+    Ok(())
 }
 
 /// The owner does not hold the lock (never did, released, or expired).
@@ -332,6 +369,22 @@ impl Lock {
         self.fence = self.fence.max(holder.token);
         self.holders.remove(owner);
         self.holders.insert(owner, holder);
+    }
+
+    /// Could `holder` be restored for `owner` (replacing the owner's own hold, if any) without
+    /// breaking the lock's invariants? RDB load and `LOCK.SYNC` both ask before
+    /// [`Lock::restore_holder`], so a corrupt file or stream is refused rather than believed.
+    pub fn check_restorable(&self, owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
+        check_holder(owner, holder)?;
+        let conflict = self
+            .holders
+            .iter()
+            .filter(|(o, _)| &o[..] != owner)
+            .any(|(_, other)| other.mode == Mode::Write || holder.mode == Mode::Write);
+        if conflict {
+            return Err(RestoreError::Conflict);
+        }
+        Ok(())
     }
 
     /// Removes a holder outright (replication of a release or expiry decided elsewhere).

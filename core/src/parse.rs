@@ -4,7 +4,7 @@
 //!
 //! Error texts never echo the user's bytes: they may hold anything, including NUL and CRLF.
 
-use crate::lock::{Millis, MAX_DURATION, MAX_OWNER_LEN};
+use crate::{Millis, MAX_DURATION, MAX_OWNER_LEN};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgError {

@@ -1,0 +1,30 @@
+//! Every reply text the module sends, in one place, and the one mapping from an argument
+//! error to its reply. Texts never repeat the user's arguments: owners are binary and may hold
+//! anything, CRLF included.
+
+use redis_lock_core::parse::ArgError;
+use redis_module::RedisError;
+
+pub const NOT_OWNER: &str =
+    "NOTOWNER the owner does not hold this lock (never acquired, released or expired)";
+pub const TOO_MANY_WAITERS: &str =
+    "MAXWAITERS the server-wide waiter limit is reached (lock.max-total-waiters); retry later or raise the limit";
+pub const QUEUE_FULL: &str =
+    "MAXWAITERS the lock's wait queue is full (lock.max-waiters); retry later or raise the limit";
+pub const DEADLOCK: &str =
+    "DEADLOCK the owner holds this lock shared and asked for it exclusively; release the read hold first";
+pub const COUNT_OVERFLOW: &str = "ERR hold count overflow";
+pub const KEY_VANISHED: &str = "ERR the lock key vanished";
+pub const KEY_NOT_CREATED: &str = "ERR could not create the lock key";
+pub const SYNC_IS_INTERNAL: &str =
+    "ERR LOCK.SYNC is internal: it is accepted only from a master or while loading the AOF";
+pub const SYNC_CONFLICT: &str =
+    "ERR LOCK.SYNC state conflicts with the key's other holders (a writer beside another holder)";
+
+/// The reply to a malformed argument list: the standard arity error, or the parser's text.
+pub fn arg_error(e: ArgError) -> RedisError {
+    match e {
+        ArgError::Arity => RedisError::WrongArity,
+        other => RedisError::Str(other.message()),
+    }
+}
