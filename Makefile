@@ -29,11 +29,12 @@ run: build
 	@mkdir -p $(RUN_DIR)
 	redis-server module.conf.example --loadmodule $(CURDIR)/$(MODULE) --dir $(RUN_DIR) --port $(PORT)
 
-# Unit and property tests of the core (core/), then integration tests against real servers that the
-# harness starts on free loopback ports, then the client crate's tests (5 servers). The
-# integration tests load a debug build with the `test-hooks` feature (LOCK.DEBUG-PANIC for the
-# panic guard, LOCK.DEBUG-ALLOC and an allocation-counting allocator for the leak test).
-# SERVER picks the server binary the harness starts (REDIS_LOCK_SERVER in tests/common).
+# Unit and property tests of the core (core/) and the test kit, then integration tests against
+# real servers that the harness (testkit/) starts on free loopback ports, then the client
+# crate's tests (5 servers). The integration tests load a debug build with the `test-hooks`
+# feature (LOCK.DEBUG-PANIC for the panic guard, LOCK.DEBUG-ALLOC and an allocation-counting
+# allocator for the leak test).
+# SERVER picks the server binary the harness starts (REDIS_LOCK_SERVER, read by testkit/).
 SERVER ?= redis-server
 
 test: deps
@@ -44,7 +45,7 @@ test-valkey: deps deps-valkey
 
 test-server:
 	@echo "== tests on $$($(SERVER) --version)"
-	$(CARGO) test -p redis-lock-core
+	$(CARGO) test -p redis-lock-core -p redis-lock-testkit
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client

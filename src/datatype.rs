@@ -1,125 +1,111 @@
-//! The module data type: what a lock key holds, and how it is saved, loaded, copied, measured
-//! and freed.
+//! The module data type `redislock`: how a lock value is saved, loaded, rewritten into the
+//! AOF, digested, measured, copied and freed, and what happens when it leaves its key.
 //!
 //! RDB encoding, version 1 (waiters are connections and are never saved):
 //! `fence` (unsigned), `holder count` (unsigned), then per holder `owner` (string),
 //! `mode` (unsigned: 0 write, 1 read), `count`, `expires_at` (absolute Unix ms), `token`.
 //! The module-wide fencing counter is saved as aux data before the keys.
 
-use std::ffi::c_void;
-
-use redis_module::native_types::RedisType;
-use redis_module::raw;
-
-use crate::expiry::ArmedTimer;
-use crate::stats::{self, Gauges};
 use redis_lock_core::{Holder, Lock, Mode};
 
-/// Encoding version of the RDB format above.
-pub const ENCODING_VERSION: i32 = 1;
+use crate::sys::context::log_warning;
+use crate::sys::datatype::{AofWriter, Digest, RdbReader, RdbWriter, TypeHandler};
+use crate::value::{LockType, LockValue, ENCODING_VERSION};
+use crate::{replication, settle, stats};
 
-/// What one lock key holds: the lock itself and the Redis-side bookkeeping for it.
-#[derive(Debug, Default)]
-pub struct LockValue {
-    pub lock: Lock,
-    /// The expiry timer armed for this value, if any.
-    pub timer: Option<Box<ArmedTimer>>,
-}
+impl TypeHandler for LockType {
+    type Value = LockValue;
 
-impl LockValue {
-    pub fn new(lock: Lock) -> Self {
-        // INFO figures: every change to a live value is counted as the difference between
-        // its figures before and after (see `LockKey`), so a value adds its own when it is
-        // created and takes them back when it is freed.
-        stats::update_gauges(Gauges::default(), Gauges::of(&lock));
-        LockValue { lock, timer: None }
+    fn rdb_load(rdb: &mut RdbReader<'_>, encver: i32, db: i32, key: &[u8]) -> Option<LockValue> {
+        let value = load(rdb, encver)?;
+        // A loaded value has no timer yet: settle the key once loading is done.
+        settle::mark_dirty(db, key);
+        Some(value)
     }
 
-    /// Approximate bytes used, for MEMORY USAGE.
-    pub fn memory(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.lock.holders().heap_size()
-            + self.lock.queue().heap_size()
+    fn rdb_save(rdb: &mut RdbWriter<'_>, value: &LockValue) {
+        rdb.unsigned(value.lock.fence());
+        rdb.unsigned(value.lock.holders().len() as u64);
+        for (owner, h) in value.lock.holders().iter() {
+            rdb.bytes(owner);
+            rdb.unsigned(mode_code(h.mode));
+            rdb.unsigned(h.count);
+            rdb.unsigned(h.expires_at);
+            rdb.unsigned(h.token);
+        }
     }
-}
 
-impl Drop for LockValue {
-    fn drop(&mut self) {
-        stats::update_gauges(Gauges::of(&self.lock), Gauges::default());
+    fn aof_rewrite(aof: &mut AofWriter<'_>, key: &[u8], value: &LockValue) {
+        replication::rewrite(aof, key, &value.lock);
     }
-}
 
-pub static LOCK_TYPE: RedisType = RedisType::new(
-    "redislock",
-    ENCODING_VERSION,
-    raw::RedisModuleTypeMethods {
-        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
-        rdb_load: Some(crate::ffi::type_rdb_load),
-        rdb_save: Some(crate::ffi::type_rdb_save),
-        aof_rewrite: Some(crate::ffi::type_aof_rewrite),
-        mem_usage: Some(crate::ffi::type_mem_usage),
-        digest: Some(crate::ffi::type_digest),
-        free: Some(crate::ffi::type_free),
-        aux_load: Some(crate::ffi::type_aux_load),
-        aux_save: Some(crate::ffi::type_aux_save),
-        aux_save_triggers: raw::Aux::Before as i32,
-        free_effort: None,
-        unlink: None,
-        copy: None,
-        defrag: None,
-        mem_usage2: None,
-        free_effort2: None,
-        unlink2: Some(crate::ffi::type_unlink),
-        copy2: Some(crate::ffi::type_copy),
-        aux_save2: None,
-    },
-);
+    /// Each holder (sorted by owner) with its mode, count, expiry and token, then the key's
+    /// fence. Waiters and timers are connection state, not data.
+    fn digest(value: &LockValue, digest: &mut Digest<'_>) {
+        for (owner, numbers) in digest_items(value) {
+            digest.bytes(&owner);
+            for n in numbers {
+                digest.number(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            digest.end_element();
+        }
+    }
 
-/// The registered type, for comparing against a key's type.
-pub fn lock_type() -> *mut raw::RedisModuleType {
-    *LOCK_TYPE.raw_type.borrow()
-}
+    fn mem_usage(value: &LockValue) -> usize {
+        value.memory()
+    }
 
-/// Writes a value in the RDB encoding.
-pub fn save(io: *mut raw::RedisModuleIO, value: &LockValue) {
-    raw::save_unsigned(io, value.lock.fence());
-    raw::save_unsigned(io, value.lock.holders().len() as u64);
-    for (owner, h) in value.lock.holders().iter() {
-        raw::save_slice(io, owner);
-        raw::save_unsigned(io, mode_code(h.mode));
-        raw::save_unsigned(io, h.count);
-        raw::save_unsigned(io, h.expires_at);
-        raw::save_unsigned(io, h.token);
+    fn unlink(db: i32, key: &[u8], value: &mut LockValue) {
+        settle::on_unlink(db, key, value);
+    }
+
+    /// The same holders, no waiters (they wait on the source key), no timer.
+    fn copy(value: &LockValue) -> LockValue {
+        let mut lock = value.lock.clone();
+        drop(lock.take_waiters());
+        LockValue::new(lock)
+    }
+
+    fn aux_save(rdb: &mut RdbWriter<'_>) {
+        rdb.unsigned(stats::last_token());
+    }
+
+    fn aux_load(rdb: &mut RdbReader<'_>) -> bool {
+        match rdb.unsigned() {
+            Ok(last) => {
+                stats::with_fences(|f| f.observe(last));
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
 /// Reads a value in the RDB encoding; `None` (and a log line) on anything malformed, which
 /// makes Redis fail the load instead of starting with a corrupt lock.
-pub fn load(io: *mut raw::RedisModuleIO, encver: i32) -> Option<LockValue> {
+fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
     if encver != ENCODING_VERSION {
-        crate::ffi::log_warning(&format!(
+        log_warning(&format!(
             "lock module: cannot load lock encoding version {encver} (this build reads {ENCODING_VERSION})"
         ));
         return None;
     }
     let result = (|| -> Result<LockValue, String> {
-        let err = |e: redis_module::error::Error| e.to_string();
-        let fence = raw::load_unsigned(io).map_err(err)?;
-        let n = raw::load_unsigned(io).map_err(err)?;
+        let fence = rdb.unsigned()?;
+        let n = rdb.unsigned()?;
         let mut lock = Lock::new();
         stats::with_fences(|fences| -> Result<(), String> {
             lock.restore_fence(fence, fences);
             for _ in 0..n {
-                let owner = raw::load_string_buffer(io).map_err(err)?;
-                let owner = owner.as_ref().to_vec();
-                let mode = match raw::load_unsigned(io).map_err(err)? {
+                let owner = rdb.bytes()?;
+                let mode = match rdb.unsigned()? {
                     0 => Mode::Write,
                     1 => Mode::Read,
                     m => return Err(format!("unknown mode {m}")),
                 };
-                let count = raw::load_unsigned(io).map_err(err)?;
-                let expires_at = raw::load_unsigned(io).map_err(err)?;
-                let token = raw::load_unsigned(io).map_err(err)?;
+                let count = rdb.unsigned()?;
+                let expires_at = rdb.unsigned()?;
+                let token = rdb.unsigned()?;
                 if lock.holders().get(&owner).is_some() {
                     return Err("duplicate owner".into());
                 }
@@ -140,22 +126,14 @@ pub fn load(io: *mut raw::RedisModuleIO, encver: i32) -> Option<LockValue> {
     match result {
         Ok(v) => Some(v),
         Err(e) => {
-            crate::ffi::log_warning(&format!("lock module: bad lock value in RDB: {e}"));
+            log_warning(&format!("lock module: bad lock value in RDB: {e}"));
             None
         }
     }
 }
 
-/// A copy for COPY: the same holders, no waiters (they wait on the source key), no timer.
-pub fn copy(value: &LockValue) -> LockValue {
-    let mut lock = value.lock.clone();
-    drop(lock.take_waiters());
-    LockValue::new(lock)
-}
-
-/// What DEBUG DIGEST covers: each holder (sorted by owner) with its mode, count, expiry and
-/// token, then the key's fence. Waiters and timers are connection state, not data.
-pub fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, [u64; 4])> {
+/// What DEBUG DIGEST covers (see [`LockType::digest`]).
+fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, [u64; 4])> {
     let mut items: Vec<(Vec<u8>, [u64; 4])> = value
         .lock
         .holders()
@@ -172,37 +150,9 @@ pub fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, [u64; 4])> {
     items
 }
 
-pub fn mode_code(mode: Mode) -> u64 {
+fn mode_code(mode: Mode) -> u64 {
     match mode {
         Mode::Write => 0,
         Mode::Read => 1,
-    }
-}
-
-/// Frees a value Redis no longer needs.
-///
-/// # Safety
-/// `value` must be a pointer created by `Box::into_raw(Box<LockValue>)` that Redis hands back
-/// exactly once.
-pub unsafe fn free(value: *mut c_void) {
-    if !value.is_null() {
-        // SAFETY: per the contract above.
-        drop(unsafe { Box::from_raw(value as *mut LockValue) });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Memory per lock is a published figure (docs/benchmarks.md); this keeps the value from
-    /// growing back by accident. 80 bytes is one jemalloc size class.
-    #[test]
-    fn a_lock_value_fits_in_80_bytes() {
-        assert!(
-            std::mem::size_of::<LockValue>() <= 80,
-            "{}",
-            std::mem::size_of::<LockValue>()
-        );
     }
 }

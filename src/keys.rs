@@ -8,11 +8,12 @@
 
 use redis_module::{Context, RedisError, RedisString};
 
-use crate::datatype::{lock_type, LockValue};
 use crate::errors::KEY_NOT_CREATED;
-use crate::ffi::{KeyKind, RawKey};
 use crate::stats::Gauges;
-use crate::{blocking, expiry, ffi, replication, stats};
+use crate::sys::context;
+use crate::sys::key::{KeyKind, RawKey};
+use crate::value::{LockType, LockValue, LOCK_TYPE};
+use crate::{replication, stats, timers, waiters};
 use redis_lock_core::{Event, Lock, Millis, Step};
 
 /// The key's name: the command's own argument when there is one (no copy), else a new string.
@@ -34,7 +35,7 @@ pub struct LockKey<'a> {
     ctx: &'a Context,
     name: Name<'a>,
     db: i32,
-    raw: RawKey,
+    raw: RawKey<LockType>,
     /// Propagate changes as LOCK.SYNC (off while applying a LOCK.SYNC itself: Redis forwards
     /// the master's stream to sub-replicas on its own).
     replicate: bool,
@@ -58,10 +59,10 @@ impl<'a> LockKey<'a> {
     }
 
     fn open_mode(ctx: &'a Context, name: Name<'a>, write: bool) -> Self {
-        let raw = RawKey::open(ctx, name.get(), lock_type(), write);
+        let raw = RawKey::open(ctx, name.get(), &LOCK_TYPE, write);
         LockKey {
             ctx,
-            db: ffi::selected_db(ctx),
+            db: context::selected_db(ctx),
             name,
             raw,
             replicate: true,
@@ -77,7 +78,7 @@ impl<'a> LockKey<'a> {
     pub fn existing(&mut self) -> Result<Option<&mut LockValue>, RedisError> {
         match self.raw.kind() {
             KeyKind::Empty => Ok(None),
-            KeyKind::Lock => Ok(self.raw.value::<LockValue>()),
+            KeyKind::Value => Ok(self.raw.value()),
             KeyKind::Other => Err(RedisError::WrongType),
         }
     }
@@ -99,7 +100,7 @@ impl<'a> LockKey<'a> {
     /// Runs `op` on the lock as it is, with no clock: for applying a master's effect (LOCK.SYNC),
     /// which must not expire or grant anything by this server's own decision.
     pub fn apply_exact(&mut self, op: impl FnOnce(&mut Lock)) {
-        if let Some(value) = self.raw.value::<LockValue>() {
+        if let Some(value) = self.raw.value() {
             let before = Gauges::of(&value.lock);
             op(&mut value.lock);
             self.commit(Vec::new(), before);
@@ -109,9 +110,9 @@ impl<'a> LockKey<'a> {
     /// Runs `op` on the lock with a fresh [`Step`] (the current time and the module's fencing
     /// counter), then commits. Returns `op`'s result, or `None` if the key holds no lock.
     pub fn apply<R>(&mut self, op: impl FnOnce(&mut Lock, &mut Step<'_>) -> R) -> Option<R> {
-        let now = ffi::now_ms();
+        let now = context::now_ms();
         let mut events = Vec::new();
-        let value = self.raw.value::<LockValue>()?;
+        let value = self.raw.value()?;
         let before = Gauges::of(&value.lock);
         let r = stats::with_fences(|fences| {
             let mut step = Step {
@@ -127,7 +128,7 @@ impl<'a> LockKey<'a> {
 
     /// Sends a keyspace notification of the module class for this key.
     pub fn notify(&self, event: &std::ffi::CStr) {
-        ffi::notify_module_event(self.ctx, event, self.name.get());
+        context::notify_module_event(self.ctx, event, self.name.get());
     }
 
     /// Finishes an operation: serves granted waiters, counts and notifies what happened,
@@ -143,7 +144,7 @@ impl<'a> LockKey<'a> {
                     owner,
                     ..
                 } => {
-                    blocking::deliver_grant(waiter, token);
+                    waiters::deliver_grant(waiter, token);
                     stats::count_grant();
                     self.notify(c"lock.acquire");
                     changed.push(owner);
@@ -156,7 +157,7 @@ impl<'a> LockKey<'a> {
                 Event::Updated { owner } => changed.push(owner),
             }
         }
-        let Some(value) = self.raw.value::<LockValue>() else {
+        let Some(value) = self.raw.value() else {
             return;
         };
         if self.replicate && !changed.is_empty() {
@@ -179,7 +180,7 @@ impl<'a> LockKey<'a> {
             return;
         }
         let last: Option<Millis> = value.lock.last_expiry();
-        expiry::arm(self.ctx, self.db, self.name.get().as_slice(), value);
+        timers::arm(self.ctx, self.db, self.name.get().as_slice(), value);
         if let Some(at) = last {
             self.raw.set_abs_expire(at);
         }

@@ -1,14 +1,23 @@
 //! redis-lock: distributed locks as a native Redis feature.
 //!
-//! Layout: `lock` is the state machine (pure Rust, no Redis types); `commands` parses and
-//! replies; `keys` opens a lock key and commits changes; `blocking` tracks blocked waiters;
-//! `expiry` runs the holder timers; `reconcile` serves waiters whose key was deleted or moved;
-//! `datatype` is the module type and its RDB encoding; `metadata` is what COMMAND DOCS, ACL
-//! and MODULE LIST learn about the module; `stats` holds the fencing counter and
-//! the INFO figures; `ffi` holds every raw call and `extern "C"` callback; `guard` is the
-//! panic guard every entry point goes through.
+//! The map (imports point down this list; docs/design.md has the longer version):
+//! - `redis_lock_core` (crate `core/`): the lock state machine, argument parsing and the
+//!   `LOCK.SYNC` codec; pure Rust, the clock passed in.
+//! - `commands/`: one file per command, and the table they are registered from; `metadata`
+//!   describes them (COMMAND DOCS, flags, ACL categories); `errors` holds every reply text.
+//! - `keys`: opening a lock key and committing a change (replies to granted waiters,
+//!   replication, notifications, INFO figures, key expiry, the timer).
+//! - `waiters` (blocked clients), `timers` (holder expiry), `settle` (waiters and timers after
+//!   Redis moved or removed a key), `events` (where server events lead), `replication`
+//!   (effects to replicas and the AOF), `datatype` (the data type and its RDB codec), `value`
+//!   (what a key holds), `stats` (fencing counter and INFO figures), `config`.
+//! - `sys/`: every `unsafe` block and raw call, importing nothing from the rest of the crate.
+//!
+//! The one recursion the domain has: `keys::LockKey::commit` arms a timer (`timers`), and a
+//! timer firing commits again through `keys`; likewise `waiters` and `settle` commit through
+//! `keys`, which tells `waiters` about grants.
 
-// The Redis side is only compiled into the module; unit tests build the pure parts.
+// The Redis side is only registered in the module; unit tests build the rest.
 #![cfg_attr(test, allow(dead_code))]
 
 mod blocking;
@@ -16,63 +25,57 @@ mod commands;
 mod config;
 mod datatype;
 mod errors;
-mod expiry;
-mod ffi;
-mod guard;
+mod events;
 mod keys;
 mod metadata;
-mod reconcile;
 mod replication;
+mod settle;
+mod state;
 mod stats;
+mod sys;
+mod timers;
+mod value;
+mod waiters;
 
 #[cfg(not(test))]
 mod module {
     use redis_module::configuration::ConfigurationFlags;
     use redis_module::{redis_module, Context, RedisString, Status};
 
-    use crate::commands;
-    use crate::datatype::LOCK_TYPE;
-    use crate::ffi;
-    use crate::metadata;
+    use crate::sys::{api, commands::add_module_acl_category, context, events, info};
+    use crate::value::LOCK_TYPE;
+    use crate::{commands, metadata, stats};
 
     fn init(ctx: &Context, args: &[RedisString]) -> Status {
-        ffi::init_detached_context(ctx);
-        let words: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-        if let Err(e) = crate::config::apply_load_args(&words) {
-            ctx.log_warning(&format!("lock module: {e}"));
-            return Status::Err;
-        }
-        // The module's own ACL category, where the server can add one (Redis 7.4+, Valkey 8+).
-        let own_category = match ffi::add_module_acl_category(ctx, metadata::ACL_CATEGORY) {
-            Ok(added) => added.then_some(metadata::ACL_CATEGORY),
+        match setup(ctx, args) {
+            Ok(()) => Status::Ok,
             Err(e) => {
                 ctx.log_warning(&format!("lock module: {e}"));
-                return Status::Err;
-            }
-        };
-        for doc in metadata::COMMANDS {
-            if let Err(e) = ffi::set_command_info(ctx, doc, own_category) {
-                ctx.log_warning(&format!("lock module: {e}"));
-                return Status::Err;
+                Status::Err
             }
         }
-        if let Err(e) = ffi::subscribe_events(ctx) {
-            ctx.log_warning(&format!("lock module: {e}"));
-            return Status::Err;
-        }
-        ffi::register_info(ctx);
-        #[cfg(feature = "test-hooks")]
-        if let Err(e) = ffi::register_test_commands(ctx) {
-            ctx.log_warning(&format!("lock module: {e}"));
-            return Status::Err;
-        }
-        ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
-        Status::Ok
     }
 
-    // Test builds count the module's allocations for the leak test (see ffi::CountingAlloc).
+    fn setup(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
+        api::check()?;
+        context::init_detached_context(ctx);
+        let words: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        crate::config::apply_load_args(&words)?;
+        // The module's own ACL category, where the server can add one (Redis 7.4+, Valkey 8+).
+        let own_category =
+            add_module_acl_category(ctx, metadata::ACL_CATEGORY)?.then_some(metadata::ACL_CATEGORY);
+        commands::register_all(ctx, own_category)?;
+        #[cfg(feature = "test-hooks")]
+        commands::debug::register(ctx)?;
+        events::subscribe::<crate::events::Events>(ctx)?;
+        info::register::<stats::InfoFields>(ctx);
+        ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+        Ok(())
+    }
+
+    // Test builds count the module's allocations for the leak test (see sys::alloc).
     #[cfg(feature = "test-hooks")]
-    use crate::ffi::CountingAlloc as ModuleAlloc;
+    use crate::sys::alloc::CountingAlloc as ModuleAlloc;
     #[cfg(not(feature = "test-hooks"))]
     use redis_module::alloc::RedisAlloc as ModuleAlloc;
 
@@ -82,14 +85,6 @@ mod module {
         allocator: (ModuleAlloc, ModuleAlloc),
         data_types: [LOCK_TYPE],
         init: init,
-        commands: [
-            ["lock.acquire", commands::acquire, metadata::ACQUIRE.flags, 1, 1, 1, ""],
-            ["lock.rwread", commands::rwread, metadata::RWREAD.flags, 1, 1, 1, ""],
-            ["lock.release", commands::release, metadata::RELEASE.flags, 1, 1, 1, ""],
-            ["lock.extend", commands::extend, metadata::EXTEND.flags, 1, 1, 1, ""],
-            ["lock.info", commands::info, metadata::INFO.flags, 1, 1, 1, ""],
-            ["lock.sync", commands::sync, metadata::SYNC.flags, 1, 1, 1, ""],
-        ],
         configurations: [
             i64: [
                 [

@@ -1,6 +1,9 @@
 //! What the module tells Redis about itself: its version, and for each command the arity, key,
-//! flags, ACL categories and the documentation `COMMAND DOCS` shows. Plain data: `ffi` turns it
-//! into the C structures of `RedisModule_SetCommandInfo`, `lib.rs` registers the commands.
+//! flags, ACL categories and the documentation `COMMAND DOCS` shows. Plain data:
+//! `sys::commands` turns it into the C structures of `RedisModule_SetCommandInfo`, and
+//! `commands::TABLE` pairs each entry with its handler.
+
+use crate::sys::commands::{ArgDoc, ArgKind, CommandDoc, KeyAccess};
 
 /// The module version `MODULE LIST` shows, derived from the crate version the way Redis modules
 /// encode theirs: major * 10000 + minor * 100 + patch (0.1.0 -> 100, 1.2.3 -> 10203).
@@ -40,55 +43,6 @@ const fn encode_version(major: u32, minor: u32, patch: u32) -> i32 {
     v as i32
 }
 
-/// How a command's single key (argument 1) is used: for COMMAND INFO, ACL key patterns and
-/// cluster routing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyAccess {
-    ReadOnly,
-    ReadWrite,
-}
-
-/// The kind of one documented argument (a subset of Redis's argument types).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArgKind {
-    /// The command's key; refers to key spec 0.
-    Key,
-    String,
-    Integer,
-    /// A keyword alone, such as `ALL`.
-    PureToken,
-}
-
-/// One argument as COMMAND DOCS shows it.
-#[derive(Debug)]
-pub struct ArgDoc {
-    pub name: &'static str,
-    pub kind: ArgKind,
-    /// The keyword that introduces the argument (`WAIT` in `[WAIT timeout]`).
-    pub token: Option<&'static str>,
-    pub optional: bool,
-}
-
-/// Everything registered for one command.
-#[derive(Debug)]
-pub struct CommandDoc {
-    pub name: &'static str,
-    /// Redis's arity: positive = exact argument count (command name included), negative = at
-    /// least that many.
-    pub arity: i32,
-    /// Command flags for `RedisModule_CreateCommand`.
-    pub flags: &'static str,
-    pub access: KeyAccess,
-    pub summary: &'static str,
-    pub complexity: &'static str,
-    /// Standard ACL categories, set where the server supports categories for module commands
-    /// (Redis 7.2+, Valkey 8+; on 7.0 module commands belong to none).
-    pub acl_categories: &'static str,
-    /// Also in the module's own category [`ACL_CATEGORY`].
-    pub in_module_category: bool,
-    pub args: &'static [ArgDoc],
-}
-
 const fn arg(name: &'static str, kind: ArgKind) -> ArgDoc {
     ArgDoc {
         name,
@@ -116,6 +70,7 @@ pub const ACQUIRE: CommandDoc = CommandDoc {
     summary: "Takes an exclusive lock for `ttl` ms; with WAIT, queues in FIFO order until \
                   granted or `timeout` ms pass. Replies with the fencing token, or nil.",
     complexity: "O(log N) where N is the number of holders and waiters of the key",
+    since: SINCE,
     acl_categories: "write slow blocking",
     in_module_category: true,
     args: &[KEY, OWNER, TTL, WAIT],
@@ -129,6 +84,7 @@ pub const RWREAD: CommandDoc = CommandDoc {
     summary: "Takes a shared (read) lock for `ttl` ms; with WAIT, queues in FIFO order until \
                   granted or `timeout` ms pass. Replies with the fencing token, or nil.",
     complexity: "O(log N) where N is the number of holders and waiters of the key",
+    since: SINCE,
     acl_categories: "write slow blocking",
     in_module_category: true,
     args: &[KEY, OWNER, TTL, WAIT],
@@ -143,6 +99,7 @@ pub const RELEASE: CommandDoc = CommandDoc {
                   next waiters. Replies with the owner's remaining count.",
     complexity: "O(log N + G) where N is the number of holders and waiters of the key and \
                      G the number of waiters granted",
+    since: SINCE,
     acl_categories: "write fast",
     in_module_category: true,
     args: &[
@@ -164,6 +121,7 @@ pub const EXTEND: CommandDoc = CommandDoc {
     access: KeyAccess::ReadWrite,
     summary: "Sets the expiry of `owner`'s hold to now + `ttl` ms. Replies 1.",
     complexity: "O(log N) where N is the number of holders of the key",
+    since: SINCE,
     acl_categories: "write fast",
     in_module_category: true,
     args: &[KEY, OWNER, TTL],
@@ -177,6 +135,7 @@ pub const INFO: CommandDoc = CommandDoc {
     summary: "Shows a lock's mode, last fencing token, holders with their counts and \
                   remaining ms, and its queue. Nil when the key does not exist.",
     complexity: "O(N) where N is the number of holders and waiters of the key",
+    since: SINCE,
     acl_categories: "read fast",
     in_module_category: true,
     args: &[KEY],
@@ -190,13 +149,11 @@ pub const SYNC: CommandDoc = CommandDoc {
     summary: "Internal: applies one holder's state as the master decided it. Accepted only \
                   from the replication link and while loading the AOF.",
     complexity: "O(log N) where N is the number of holders of the key",
+    since: SINCE,
     acl_categories: "admin dangerous",
     in_module_category: false,
     args: &[KEY, OWNER, arg("state", ArgKind::String)],
 };
-
-/// Every command the module registers (LOCK.DEBUG-PANIC, a test-only hook, is not listed).
-pub const COMMANDS: [&CommandDoc; 6] = [&ACQUIRE, &RWREAD, &RELEASE, &EXTEND, &INFO, &SYNC];
 
 #[cfg(test)]
 mod tests {
@@ -212,33 +169,5 @@ mod tests {
             .map(|p| p.parse::<i32>().expect("numeric version"))
             .fold(0, |acc, p| acc * 100 + p);
         assert_eq!(MODULE_VERSION, expected);
-    }
-
-    #[test]
-    fn every_command_documents_its_key_first_and_arity_matches_its_arguments() {
-        for c in COMMANDS {
-            assert!(c.name.starts_with("lock."), "{}", c.name);
-            assert_eq!(
-                c.args.first().map(|a| a.kind),
-                Some(ArgKind::Key),
-                "{}",
-                c.name
-            );
-            let required = 1 + c.args.iter().filter(|a| !a.optional).count() as i32;
-            if c.arity > 0 {
-                assert_eq!(c.arity, required, "{}", c.name);
-            } else {
-                assert_eq!(-c.arity, required, "{}", c.name);
-                assert!(c.args.iter().any(|a| a.optional), "{}", c.name);
-            }
-            assert!(!c.summary.is_empty() && !c.complexity.is_empty());
-            // Blocking commands say so in both places.
-            assert_eq!(
-                c.flags.contains("blocking"),
-                c.acl_categories.contains("blocking"),
-                "{}",
-                c.name
-            );
-        }
     }
 }

@@ -19,14 +19,13 @@
 //! `LOCK.SYNC` is refused from ordinary clients: only the replication link and AOF loading may
 //! send it. An AOF rewrite emits one `LOCK.SYNC` per holder.
 
-use redis_module::{raw, Context, ContextFlags, RedisError, RedisResult, RedisValue};
-
-use crate::datatype::LockValue;
-use crate::errors::{arg_error, SYNC_CONFLICT, SYNC_IS_INTERNAL};
-use crate::keys::LockKey;
-use crate::stats;
-use redis_lock_core::sync::{parse_sync, sync_state};
+use redis_lock_core::sync::sync_state;
 use redis_lock_core::{Lock, Mode};
+use redis_module::Context;
+
+use crate::stats;
+use crate::sys::context;
+use crate::sys::datatype::AofWriter;
 
 /// Propagates `owner`'s state on `lock` to replicas and the AOF.
 pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
@@ -42,59 +41,15 @@ pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
         lock.fence(),
         stats::last_token(),
     );
-    crate::ffi::replicate_sync(ctx, key, owner, state.as_bytes());
-}
-
-/// `LOCK.SYNC key owner state`: applies a master's effect.
-pub fn sync_command(ctx: &Context, args: &[&[u8]]) -> RedisResult {
-    let [_, key, rest @ ..] = args else {
-        return Err(RedisError::WrongArity);
-    };
-    let sync = parse_sync(rest).map_err(arg_error)?;
-    let flags = ctx.get_flags();
-    if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
-        return Err(RedisError::Str(SYNC_IS_INTERNAL));
-    }
-    let mut lock_key = LockKey::open(ctx, key);
-    lock_key.set_replicate(false);
-    match (&sync.holder, lock_key.existing()?) {
-        (None, None) => return Ok(RedisValue::Integer(0)),
-        (Some(_), None) => {
-            lock_key.existing_or_new()?;
-        }
-        (Some(h), Some(value)) => {
-            // As strict as an RDB load: never a writer beside another holder.
-            if value.lock.check_restorable(sync.owner, h).is_err() {
-                return Err(RedisError::Str(SYNC_CONFLICT));
-            }
-        }
-        (None, Some(_)) => {}
-    }
-    lock_key.apply_exact(|lock| {
-        stats::with_fences(|fences| {
-            fences.observe(sync.counter);
-            lock.restore_fence(sync.fence, fences);
-            match sync.holder {
-                Some(h) => lock.restore_holder(sync.owner, h, fences),
-                None => {
-                    lock.remove_holder(sync.owner);
-                }
-            }
-        })
-    });
-    if flags.contains(ContextFlags::LOADING) {
-        // Loaded holders get their timers once loading ends.
-        crate::reconcile::mark_dirty(crate::ffi::selected_db(ctx), key);
-    }
-    Ok(RedisValue::Integer(1))
+    context::replicate3(ctx, c"LOCK.SYNC", [key, owner, state.as_bytes()]);
 }
 
 /// AOF rewrite: one `LOCK.SYNC` per holder rebuilds the value.
-pub fn rewrite(io: *mut raw::RedisModuleIO, key: &[u8], value: &LockValue) {
-    let fence = value.lock.fence();
+pub fn rewrite(aof: &mut AofWriter<'_>, key: &[u8], lock: &Lock) {
+    let fence = lock.fence();
     let counter = stats::last_token();
-    for (owner, h) in value.lock.holders().iter() {
+    for (owner, h) in lock.holders().iter() {
         let state = sync_state(h.count, h.mode, h.expires_at, h.token, fence, counter);
-        crate::ffi::emit_sync(io, key, owner, state.as_bytes());
+        aof.emit3(c"LOCK.SYNC", [key, owner, state.as_bytes()]);
     }
 }

@@ -1,30 +1,16 @@
-//! Module-wide state that is not in any key: the fencing counter and the figures shown by
-//! `INFO lock`.
-//!
-//! Redis runs module code on its main thread only (and in fork children, which get their own
-//! copy), so thread-local cells are enough; no borrow is ever held across a call into Redis.
+//! The fencing counter and the figures shown by `INFO lock` (their storage is in `state`).
 
 use std::cell::Cell;
 
-use redis_lock_core::{FenceCounter, Lock, Mode};
+use redis_lock_core::{Lock, Mode};
 
-thread_local! {
-    static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
-    static COUNTERS: Counters = const { Counters::new() };
-}
+use crate::state::with_counters;
+use crate::sys::info::InfoSource;
 
-/// Runs `f` with the module's fencing counter.
-pub fn with_fences<R>(f: impl FnOnce(&mut FenceCounter) -> R) -> R {
-    FENCES.with(|cell| {
-        let mut fences = cell.get();
-        let r = f(&mut fences);
-        cell.set(fences);
-        r
-    })
-}
+pub use crate::state::with_fences;
 
 pub fn last_token() -> u64 {
-    FENCES.with(|cell| cell.get().last())
+    with_fences(|f| f.last())
 }
 
 /// The current-value figures one lock contributes to INFO: recomputed after each change and
@@ -54,30 +40,6 @@ impl Gauges {
     }
 }
 
-struct Counters {
-    grants: Cell<u64>,
-    timeouts: Cell<u64>,
-    expirations: Cell<u64>,
-    locks_held: Cell<u64>,
-    readers: Cell<u64>,
-    writers: Cell<u64>,
-    waiters: Cell<u64>,
-}
-
-impl Counters {
-    const fn new() -> Self {
-        Counters {
-            grants: Cell::new(0),
-            timeouts: Cell::new(0),
-            expirations: Cell::new(0),
-            locks_held: Cell::new(0),
-            readers: Cell::new(0),
-            writers: Cell::new(0),
-            waiters: Cell::new(0),
-        }
-    }
-}
-
 fn bump(cell: &Cell<u64>, by: u64) {
     cell.set(cell.get().saturating_add(by));
 }
@@ -91,15 +53,15 @@ fn shift(cell: &Cell<u64>, old: u32, new: u32) {
 }
 
 pub fn count_grant() {
-    COUNTERS.with(|c| bump(&c.grants, 1));
+    with_counters(|c| bump(&c.grants, 1));
 }
 
 pub fn count_timeout() {
-    COUNTERS.with(|c| bump(&c.timeouts, 1));
+    with_counters(|c| bump(&c.timeouts, 1));
 }
 
 pub fn count_expirations(n: u64) {
-    COUNTERS.with(|c| bump(&c.expirations, n));
+    with_counters(|c| bump(&c.expirations, n));
 }
 
 /// Replaces one lock's contribution `old` by `new`.
@@ -107,7 +69,7 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
     if old == new {
         return;
     }
-    COUNTERS.with(|c| {
+    with_counters(|c| {
         shift(&c.locks_held, old.locks_held, new.locks_held);
         shift(&c.readers, old.readers, new.readers);
         shift(&c.writers, old.writers, new.writers);
@@ -117,7 +79,7 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
 
 /// The INFO figures, in the order SPEC.md names them.
 pub fn snapshot() -> [(&'static str, u64); 7] {
-    COUNTERS.with(|c| {
+    with_counters(|c| {
         [
             ("locks_held", c.locks_held.get()),
             ("readers", c.readers.get()),
@@ -128,4 +90,15 @@ pub fn snapshot() -> [(&'static str, u64); 7] {
             ("expirations_total", c.expirations.get()),
         ]
     })
+}
+
+/// The `INFO lock` section.
+pub struct InfoFields;
+
+impl InfoSource for InfoFields {
+    fn fields(add: &mut dyn FnMut(&'static str, u64)) {
+        for (name, value) in snapshot() {
+            add(name, value);
+        }
+    }
 }

@@ -1,12 +1,10 @@
 //! Nothing lost: RDB and AOF restarts (with SIGKILL), AOF rewrite, replicas and promotion,
 //! DUMP/RESTORE/COPY/DEBUG RELOAD, ACL, INFO figures, keyspace events, the waiter bound.
 
-mod common;
-
 use std::thread;
 use std::time::Duration;
 
-use common::*;
+use redis_lock_testkit::*;
 
 /// What must survive for one key: holders with counts (sorted), and the key's fence.
 fn state(c: &mut Connection, key: &str) -> (Vec<(String, i64)>, i64) {
@@ -65,11 +63,7 @@ fn restart_round_trip(extra: &[&str], persist: &str) {
         }
         "bgrewriteaof" => {
             query(&mut c, &["BGREWRITEAOF"]).unwrap();
-            wait_until("AOF rewrite finished", || {
-                let text: String = redis::cmd("INFO").arg("persistence").query(&mut c).unwrap();
-                text.contains("aof_rewrite_in_progress:0")
-                    && text.contains("aof_rewrite_scheduled:0")
-            });
+            wait_until("AOF rewrite finished", || aof_rewrite_finished(&mut c));
             // Something after the rewrite, appended to the new AOF.
             int(&mut c, &["LOCK.RWREAD", "r", "reader-2", "600000"]);
             int(&mut c, &["LOCK.RELEASE", "r", "reader-2"]);
@@ -159,16 +153,14 @@ fn a_blocked_waiters_grant_reaches_the_aof() {
     ]);
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "bw", "holder", "600000"]);
-    let mut w = server.client();
-    let waiter = thread::spawn(move || {
-        int(
-            &mut w,
-            &["LOCK.ACQUIRE", "bw", "heir", "600000", "WAIT", "0"],
-        )
-    });
-    wait_until("queued", || waiting(&mut c, "bw") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "bw", "heir", "600000", "WAIT", "0"],
+        1,
+    );
     int(&mut c, &["LOCK.RELEASE", "bw", "holder"]);
-    let token = waiter.join().unwrap();
+    let token = waiter.token();
     drop(c);
     server.crash_and_restart();
     let mut c = server.client();
@@ -207,11 +199,9 @@ fn lock_sync_is_refused_from_clients() {
 
 fn wait_for_link(replica: &mut Connection) {
     wait_until("replica linked", || {
-        let text: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(replica)
-            .unwrap();
-        text.contains("master_link_status:up")
+        info_section(replica, "replication")
+            .get("master_link_status")
+            .is_some_and(|s| s == "up")
     });
 }
 
@@ -243,16 +233,14 @@ fn a_replica_has_the_same_holders_and_fences_and_refuses_writes() {
     build_state(&mut m);
     // A waiter granted by a release must reach the replica too.
     int(&mut m, &["LOCK.ACQUIRE", "q", "holder", "600000"]);
-    let mut w = master.client();
-    let waiter = thread::spawn(move || {
-        int(
-            &mut w,
-            &["LOCK.ACQUIRE", "q", "heir", "600000", "WAIT", "0"],
-        )
-    });
-    wait_until("queued", || waiting(&mut m, "q") == 1);
+    let waiter = spawn_waiter(
+        &master,
+        &mut m,
+        &["LOCK.ACQUIRE", "q", "heir", "600000", "WAIT", "0"],
+        1,
+    );
     int(&mut m, &["LOCK.RELEASE", "q", "holder"]);
-    waiter.join().unwrap();
+    waiter.token();
     replicate(&mut m);
     for key in ["w", "r", "q"] {
         assert_eq!(state(&mut r, key), state(&mut m, key), "{key}");
@@ -361,12 +349,12 @@ fn unlink_flushdb_and_restore_over_a_lock_serve_its_waiters() {
     for (i, how) in ["UNLINK", "FLUSHDB", "RESTORE"].into_iter().enumerate() {
         let key = format!("k{i}");
         int(&mut c, &["LOCK.ACQUIRE", &key, "holder", "600000"]);
-        let mut w = server.client();
-        let k = key.clone();
-        let waiter = thread::spawn(move || {
-            query(&mut w, &["LOCK.ACQUIRE", &k, "heir", "600000", "WAIT", "0"])
-        });
-        wait_until("queued", || waiting(&mut c, &key) == 1);
+        let waiter = spawn_waiter(
+            &server,
+            &mut c,
+            &["LOCK.ACQUIRE", &key, "heir", "600000", "WAIT", "0"],
+            1,
+        );
         match how {
             "UNLINK" => {
                 int(&mut c, &["UNLINK", &key]);
@@ -386,7 +374,7 @@ fn unlink_flushdb_and_restore_over_a_lock_serve_its_waiters() {
                     .unwrap();
             }
         }
-        let reply = waiter.join().unwrap();
+        let reply = waiter.join();
         if how == "RESTORE" {
             assert_eq!(reply.unwrap_err().code(), Some("WRONGTYPE"));
         } else {
@@ -440,10 +428,12 @@ fn info_lock_reports_every_figure() {
         &mut c,
         &["LOCK.ACQUIRE", "a", "x", "1000", "WAIT", "50"]
     ));
-    let mut w = server.client();
-    let waiter =
-        thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "a", "y", "1000", "WAIT", "0"]));
-    wait_until("queued", || waiting(&mut c, "a") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "a", "y", "1000", "WAIT", "0"],
+        1,
+    );
     wait_until("brief reader expired", || {
         info_field(&mut c, "expirations_total") == 1
     });
@@ -454,7 +444,7 @@ fn info_lock_reports_every_figure() {
     assert_eq!(info_field(&mut c, "grants_total"), 4);
     assert_eq!(info_field(&mut c, "timeouts_total"), 1);
     int(&mut c, &["LOCK.RELEASE", "a", "w"]);
-    waiter.join().unwrap();
+    waiter.token();
     assert_eq!(info_field(&mut c, "grants_total"), 5);
     assert_eq!(info_field(&mut c, "waiters"), 0);
 }
@@ -507,21 +497,19 @@ fn the_wait_queue_bound_is_enforced_and_configurable() {
     int(&mut c, &["LOCK.ACQUIRE", "mw", "holder", "600000"]);
     let mut handles = Vec::new();
     for i in 1..=2 {
-        let mut w = server.client();
-        handles.push(thread::spawn(move || {
-            query(
-                &mut w,
-                &[
-                    "LOCK.ACQUIRE",
-                    "mw",
-                    &format!("w{i}"),
-                    "1000",
-                    "WAIT",
-                    "2000",
-                ],
-            )
-        }));
-        wait_until("queued", || waiting(&mut c, "mw") == i);
+        handles.push(spawn_waiter(
+            &server,
+            &mut c,
+            &[
+                "LOCK.ACQUIRE",
+                "mw",
+                &format!("w{i}"),
+                "1000",
+                "WAIT",
+                "2000",
+            ],
+            i,
+        ));
     }
     let e = err(&mut c, &["LOCK.ACQUIRE", "mw", "w3", "1000", "WAIT", "0"]);
     assert!(e.starts_with("MAXWAITERS"), "{e}");
@@ -531,17 +519,15 @@ fn the_wait_queue_bound_is_enforced_and_configurable() {
     );
     assert_eq!(waiting(&mut c, "mw"), 2);
     query(&mut c, &["CONFIG", "SET", "lock.max-waiters", "3"]).unwrap();
-    let mut w3 = server.client();
-    handles.push(thread::spawn(move || {
-        query(
-            &mut w3,
-            &["LOCK.ACQUIRE", "mw", "w3", "1000", "WAIT", "2000"],
-        )
-    }));
-    wait_until("third queued", || waiting(&mut c, "mw") == 3);
+    handles.push(spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "mw", "w3", "1000", "WAIT", "2000"],
+        3,
+    ));
     assert!(err(&mut c, &["CONFIG", "SET", "lock.max-waiters", "0"]).contains("between 1 and"));
     for h in handles {
-        let _ = h.join().unwrap();
+        let _ = h.join();
     }
 }
 
@@ -667,11 +653,12 @@ fn the_server_wide_waiter_bound_is_enforced() {
     for i in 0..2 {
         let key = format!("tw{i}");
         int(&mut c, &["LOCK.ACQUIRE", &key, "holder", "600000"]);
-        let mut w = server.client();
-        handles.push(thread::spawn(move || {
-            query(&mut w, &["LOCK.ACQUIRE", &key, "w", "1000", "WAIT", "1500"])
-        }));
-        wait_until("queued", || waiting(&mut c, &format!("tw{i}")) == 1);
+        handles.push(spawn_waiter(
+            &server,
+            &mut c,
+            &["LOCK.ACQUIRE", &key, "w", "1000", "WAIT", "1500"],
+            1,
+        ));
     }
     int(&mut c, &["LOCK.ACQUIRE", "tw2", "holder", "600000"]);
     let e = err(&mut c, &["LOCK.ACQUIRE", "tw2", "w", "1000", "WAIT", "0"]);
@@ -681,7 +668,7 @@ fn the_server_wide_waiter_bound_is_enforced() {
     );
     assert_eq!(waiting(&mut c, "tw2"), 0);
     for h in handles {
-        assert!(matches!(h.join().unwrap(), Ok(Value::Nil)));
+        assert!(matches!(h.join(), Ok(Value::Nil)));
     }
     // Once those timed out there is room again.
     let mut w = server.client();

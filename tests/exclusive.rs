@@ -1,13 +1,11 @@
 //! Exclusive locks against a real redis-server: FIFO blocking, timeouts, disconnects,
 //! expiry hand-over, reentrancy, fencing, MULTI/Lua, bad input, deletion, the panic guard.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use redis_lock_testkit::*;
 
 #[test]
 fn grants_follow_arrival_order_for_twelve_queued_clients() {
@@ -84,21 +82,19 @@ fn wait_zero_blocks_until_the_lock_is_released() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "z", "holder", "60000"]);
-    let mut w = server.client();
-    let waiter = thread::spawn(move || {
-        int(
-            &mut w,
-            &["LOCK.ACQUIRE", "z", "patient", "1000", "WAIT", "0"],
-        )
-    });
-    wait_until("waiter queued", || waiting(&mut c, "z") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "z", "patient", "1000", "WAIT", "0"],
+        1,
+    );
     thread::sleep(Duration::from_millis(300));
     assert!(
         !waiter.is_finished(),
         "WAIT 0 returned while the lock was held"
     );
     int(&mut c, &["LOCK.RELEASE", "z", "holder"]);
-    let token = waiter.join().unwrap();
+    let token = waiter.token();
     assert!(token > 1);
     assert_eq!(holders(&mut c, "z"), vec![("patient".to_string(), 1)]);
 }
@@ -119,14 +115,12 @@ fn a_queued_client_that_disconnects_leaves_and_the_next_is_served() {
     });
     wait_until("first waiter queued", || waiting(&mut c, "d") == 1);
 
-    let mut next = server.client();
-    let next_thread = thread::spawn(move || {
-        int(
-            &mut next,
-            &["LOCK.ACQUIRE", "d", "next", "60000", "WAIT", "0"],
-        )
-    });
-    wait_until("second waiter queued", || waiting(&mut c, "d") == 2);
+    let next = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "d", "next", "60000", "WAIT", "0"],
+        2,
+    );
 
     int(&mut c, &["CLIENT", "KILL", "ID", &gone_id.to_string()]);
     wait_until("disconnected waiter left the queue", || {
@@ -138,7 +132,7 @@ fn a_queued_client_that_disconnects_leaves_and_the_next_is_served() {
     );
 
     int(&mut c, &["LOCK.RELEASE", "d", "holder"]);
-    next_thread.join().unwrap();
+    next.token();
     assert_eq!(holders(&mut c, "d"), vec![("next".to_string(), 1)]);
 }
 
@@ -448,14 +442,12 @@ fn deleting_a_lock_serves_its_waiters_in_order() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "del", "holder", "60000"]);
-    let mut w1 = server.client();
-    let first = thread::spawn(move || {
-        int(
-            &mut w1,
-            &["LOCK.ACQUIRE", "del", "w1", "60000", "WAIT", "0"],
-        )
-    });
-    wait_until("w1 queued", || waiting(&mut c, "del") == 1);
+    let first = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "del", "w1", "60000", "WAIT", "0"],
+        1,
+    );
     let mut w2 = server.client();
     let second = thread::spawn(move || {
         let t = int(
@@ -467,7 +459,7 @@ fn deleting_a_lock_serves_its_waiters_in_order() {
     wait_until("w2 queued", || waiting(&mut c, "del") == 2);
 
     assert_eq!(int(&mut c, &["DEL", "del"]), 1);
-    let t1 = first.join().unwrap();
+    let t1 = first.token();
     assert!(t1 > 1);
     wait_until("w2 still queued behind w1", || waiting(&mut c, "del") == 1);
     assert_eq!(holders(&mut c, "del"), vec![("w1".to_string(), 1)]);
@@ -482,12 +474,14 @@ fn overwriting_a_lock_with_another_type_gives_waiters_wrongtype() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "ow", "holder", "60000"]);
-    let mut w = server.client();
-    let waiter =
-        thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "ow", "w", "60000", "WAIT", "0"]));
-    wait_until("queued", || waiting(&mut c, "ow") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "ow", "w", "60000", "WAIT", "0"],
+        1,
+    );
     query(&mut c, &["SET", "ow", "plain"]).unwrap();
-    let reply = waiter.join().unwrap();
+    let reply = waiter.join();
     let e = reply.expect_err("waiter should get an error");
     assert_eq!(e.code(), Some("WRONGTYPE"), "{e:?}");
 }
@@ -497,12 +491,14 @@ fn flushall_serves_waiters_on_a_fresh_lock() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "fl", "holder", "60000"]);
-    let mut w = server.client();
-    let waiter =
-        thread::spawn(move || int(&mut w, &["LOCK.ACQUIRE", "fl", "w", "60000", "WAIT", "0"]));
-    wait_until("queued", || waiting(&mut c, "fl") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "fl", "w", "60000", "WAIT", "0"],
+        1,
+    );
     query(&mut c, &["FLUSHALL"]).unwrap();
-    assert!(waiter.join().unwrap() > 1);
+    assert!(waiter.token() > 1);
     assert_eq!(holders(&mut c, "fl"), vec![("w".to_string(), 1)]);
 }
 
@@ -554,14 +550,12 @@ fn a_waiter_killed_between_its_grant_and_its_reply_never_holds_the_lock() {
         )
     });
     wait_until("doomed queued", || waiting(&mut c, "g") == 1);
-    let mut next = server.client();
-    let next_thread = thread::spawn(move || {
-        int(
-            &mut next,
-            &["LOCK.ACQUIRE", "g", "next", "60000", "WAIT", "0"],
-        )
-    });
-    wait_until("next queued", || waiting(&mut c, "g") == 2);
+    let next = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "g", "next", "60000", "WAIT", "0"],
+        2,
+    );
 
     // One write, so Redis runs all three before replying to anyone: the RELEASE grants the
     // lock to "doomed", whose connection is then killed before its reply could be sent.
@@ -582,7 +576,7 @@ fn a_waiter_killed_between_its_grant_and_its_reply_never_holds_the_lock() {
         doomed_thread.join().unwrap().is_err(),
         "the killed client got a reply"
     );
-    next_thread.join().unwrap();
+    next.token();
     assert_eq!(holders(&mut c, "g"), vec![("next".to_string(), 1)]);
 }
 
@@ -591,14 +585,12 @@ fn a_grant_is_visible_to_a_command_pipelined_after_the_release() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "vis", "holder", "60000"]);
-    let mut w = server.client();
-    let waiter = thread::spawn(move || {
-        int(
-            &mut w,
-            &["LOCK.ACQUIRE", "vis", "heir", "60000", "WAIT", "0"],
-        )
-    });
-    wait_until("queued", || waiting(&mut c, "vis") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "vis", "heir", "60000", "WAIT", "0"],
+        1,
+    );
     let (released, after): (i64, Value) = redis::pipe()
         .cmd("LOCK.RELEASE")
         .arg("vis")
@@ -613,7 +605,7 @@ fn a_grant_is_visible_to_a_command_pipelined_after_the_release() {
         text.contains("heir"),
         "LOCK.INFO right after RELEASE: {text}"
     );
-    waiter.join().unwrap();
+    waiter.token();
 }
 
 /// Redis 7.0 checks blocked clients' timeouts before it runs the module's pending unblocks, and

@@ -10,22 +10,11 @@
 //! LEAK_CYCLES sets the acquire / release pairs per round (default 100,000; the closing figures
 //! use 1,000,000); timeouts and disconnects scale with it.
 
-mod common;
-
-use std::io::Write;
 use std::net::TcpStream;
 use std::thread;
 use std::time::Duration;
 
-use common::*;
-
-fn used_memory(c: &mut Connection) -> i64 {
-    let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
-}
+use redis_lock_testkit::*;
 
 /// One round of every kind of cycle: `pairs` acquire / release pairs (with reentry and
 /// readers), `timeouts` waiters timing out, `disconnects` waiters whose connection closes.
@@ -83,11 +72,11 @@ fn churn(server: &Server, pairs: usize, timeouts: usize, disconnects: usize) {
                 for i in 0..disconnects / 20 {
                     let mut sock = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
                     let owner = format!("d{t}-{i}");
-                    let cmd = format!(
-                        "*6\r\n$12\r\nLOCK.ACQUIRE\r\n$9\r\nleak:held\r\n${}\r\n{owner}\r\n$4\r\n1000\r\n$4\r\nWAIT\r\n$1\r\n0\r\n",
-                        owner.len()
-                    );
-                    sock.write_all(cmd.as_bytes()).unwrap();
+                    send_raw(
+                        &mut sock,
+                        &["LOCK.ACQUIRE", "leak:held", &owner, "1000", "WAIT", "0"],
+                    )
+                    .unwrap();
                     thread::sleep(Duration::from_micros(200));
                     drop(sock);
                 }

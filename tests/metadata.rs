@@ -2,11 +2,9 @@
 //! arguments), COMMAND INFO flags, the module version in MODULE LIST, and ACL categories, which
 //! exist for module commands only on some servers (checked per server flavour).
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use redis_lock_testkit::*;
 
 /// A flat RESP2 array of name/value pairs (or a RESP3 map) as a map keyed by name.
 fn pairs(v: &Value) -> HashMap<String, Value> {

@@ -3,12 +3,10 @@
 //! locking. One test per callback kind: commands, blocked-client reply / timeout / disconnect,
 //! timers, data-type callbacks, keyspace and server events, INFO.
 
-mod common;
-
 use std::thread;
 use std::time::Duration;
 
-use common::*;
+use redis_lock_testkit::*;
 
 fn arm(c: &mut Connection, name: &str) {
     assert_eq!(query(c, &["LOCK.DEBUG-PANIC", name]).unwrap(), Value::Okay);
@@ -65,13 +63,15 @@ fn a_panic_in_a_blocked_clients_reply_timeout_or_disconnect_callback() {
 
     // Reply: the waiter is granted by a release; its reply callback panics.
     int(&mut c, &["LOCK.ACQUIRE", "r", "holder", "60000"]);
-    let mut w = server.client();
-    let waiter =
-        thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "r", "w", "60000", "WAIT", "0"]));
-    wait_until("queued", || waiting(&mut c, "r") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "r", "w", "60000", "WAIT", "0"],
+        1,
+    );
     arm(&mut c, "blocked reply");
     int(&mut c, &["LOCK.RELEASE", "r", "holder"]);
-    assert_internal_error(waiter.join().unwrap());
+    assert_internal_error(waiter.join());
 
     // Timeout.
     int(&mut c, &["LOCK.ACQUIRE", "t", "holder", "60000"]);
@@ -106,14 +106,16 @@ fn a_panic_in_a_timer() {
     assert_alive(&mut server);
     // The settle timer (serving waiters after a DEL).
     int(&mut c, &["LOCK.ACQUIRE", "s", "holder", "60000"]);
-    let mut w = server.client();
-    let waiter =
-        thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "s", "w", "60000", "WAIT", "500"]));
-    wait_until("queued", || waiting(&mut c, "s") == 1);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "s", "w", "60000", "WAIT", "500"],
+        1,
+    );
     arm(&mut c, "settle timer");
     int(&mut c, &["DEL", "s"]);
     // The waiter is not lost: it times out (or is served by a later settle).
-    assert!(waiter.join().unwrap().is_ok());
+    assert!(waiter.join().is_ok());
     assert_alive(&mut server);
 }
 
@@ -150,10 +152,7 @@ fn a_panic_in_a_data_type_callback() {
     }
     arm(&mut c, "aof rewrite");
     query(&mut c, &["BGREWRITEAOF"]).unwrap();
-    wait_until("rewrite done", || {
-        let text: String = redis::cmd("INFO").arg("persistence").query(&mut c).unwrap();
-        text.contains("aof_rewrite_in_progress:0") && text.contains("aof_rewrite_scheduled:0")
-    });
+    wait_until("rewrite done", || aof_rewrite_finished(&mut c));
     // unlink and free run on DEL.
     for name in ["unlink", "free"] {
         int(&mut c, &["LOCK.ACQUIRE", "gone", "me", "600000"]);

@@ -2,39 +2,10 @@
 //! expiries, writer preference, reader runs, DEADLOCK on upgrade, and what happens when a
 //! queued writer leaves.
 
-mod common;
-
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::Duration;
 
-use common::*;
-
-/// Starts a blocked request in its own connection and waits until it is queued.
-fn queue(
-    server: &Server,
-    observer: &mut Connection,
-    words: &[&str],
-    expect_waiting: i64,
-) -> JoinHandle<redis::RedisResult<Value>> {
-    let mut conn = server.client();
-    let words: Vec<String> = words.iter().map(|s| s.to_string()).collect();
-    let key = words[1].clone();
-    let handle = thread::spawn(move || {
-        let refs: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
-        query(&mut conn, &refs)
-    });
-    wait_until("request queued", || {
-        waiting(observer, &key) == expect_waiting
-    });
-    handle
-}
-
-fn token_of(h: JoinHandle<redis::RedisResult<Value>>) -> i64 {
-    match h.join().unwrap() {
-        Ok(Value::Int(t)) => t,
-        other => panic!("expected a token, got {other:?}"),
-    }
-}
+use redis_lock_testkit::*;
 
 fn mode(c: &mut Connection, key: &str) -> String {
     match info(c, key).and_then(|m| m.get("mode").cloned()) {
@@ -140,7 +111,7 @@ fn a_queued_writer_makes_new_readers_queue_but_not_re_entering_ones() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.RWREAD", "wp", "r1", "60000"]);
-    let writer = queue(
+    let writer = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.ACQUIRE", "wp", "w", "60000", "WAIT", "0"],
@@ -150,7 +121,7 @@ fn a_queued_writer_makes_new_readers_queue_but_not_re_entering_ones() {
         is_nil(&mut c, &["LOCK.RWREAD", "wp", "r2", "60000"]),
         "new reader overtook a queued writer"
     );
-    let r2 = queue(
+    let r2 = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.RWREAD", "wp", "r2", "60000", "WAIT", "0"],
@@ -161,19 +132,15 @@ fn a_queued_writer_makes_new_readers_queue_but_not_re_entering_ones() {
     int(&mut c, &["LOCK.RWREAD", "wp", "r1", "60000"]);
     assert_eq!(holders(&mut c, "wp"), owners(&[("r1", 2)]));
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "wp", "r1", "ALL"]), 0);
-    token_of(writer);
+    writer.token();
     assert_eq!(holders(&mut c, "wp"), owners(&[("w", 1)]));
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "wp", "w"]), 0);
-    token_of(r2);
+    r2.token();
     assert_eq!(holders(&mut c, "wp"), owners(&[("r2", 1)]));
 }
 
 /// Sets up: writer `w0` holds; queue = r1 r2 r3 w4 r5. Returns the queued requests.
-fn writer_then_mixed_queue(
-    server: &Server,
-    c: &mut Connection,
-    key: &str,
-) -> Vec<JoinHandle<redis::RedisResult<Value>>> {
+fn writer_then_mixed_queue(server: &Server, c: &mut Connection, key: &str) -> Vec<Waiter> {
     int(c, &["LOCK.ACQUIRE", key, "w0", "60000"]);
     let mut handles = Vec::new();
     for (i, (command, owner)) in [
@@ -186,7 +153,7 @@ fn writer_then_mixed_queue(
     .into_iter()
     .enumerate()
     {
-        handles.push(queue(
+        handles.push(spawn_waiter(
             server,
             c,
             &[command, key, owner, "60000", "WAIT", "0"],
@@ -200,13 +167,9 @@ fn writer_then_mixed_queue(
     handles
 }
 
-fn assert_reader_run_granted(
-    c: &mut Connection,
-    key: &str,
-    mut handles: Vec<JoinHandle<redis::RedisResult<Value>>>,
-) {
+fn assert_reader_run_granted(c: &mut Connection, key: &str, mut handles: Vec<Waiter>) {
     let tail = handles.split_off(3);
-    let tokens: Vec<i64> = handles.into_iter().map(token_of).collect();
+    let tokens: Vec<i64> = handles.into_iter().map(Waiter::token).collect();
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
         "reader tokens {tokens:?}"
@@ -220,10 +183,10 @@ fn assert_reader_run_granted(
         int(c, &["LOCK.RELEASE", key, r]);
     }
     let mut tail = tail.into_iter();
-    token_of(tail.next().unwrap());
+    tail.next().unwrap().token();
     assert_eq!(holders(c, key), owners(&[("w4", 1)]));
     int(c, &["LOCK.RELEASE", key, "w4"]);
-    token_of(tail.next().unwrap());
+    tail.next().unwrap().token();
     assert_eq!(holders(c, key), owners(&[("r5", 1)]));
 }
 
@@ -263,27 +226,27 @@ fn a_queued_writer_timing_out_at_the_head_lets_the_readers_behind_it_in() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.RWREAD", "to", "r0", "60000"]);
-    let writer = queue(
+    let writer = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.ACQUIRE", "to", "w", "60000", "WAIT", "300"],
         1,
     );
-    let r1 = queue(
+    let r1 = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.RWREAD", "to", "r1", "60000", "WAIT", "0"],
         2,
     );
-    let r2 = queue(
+    let r2 = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.RWREAD", "to", "r2", "60000", "WAIT", "0"],
         3,
     );
-    assert!(matches!(writer.join().unwrap(), Ok(Value::Nil)));
-    token_of(r1);
-    token_of(r2);
+    assert!(matches!(writer.join(), Ok(Value::Nil)));
+    r1.token();
+    r2.token();
     assert_eq!(
         holders(&mut c, "to"),
         owners(&[("r0", 1), ("r1", 1), ("r2", 1)])
@@ -305,7 +268,7 @@ fn a_queued_writer_disconnecting_at_the_head_lets_the_readers_behind_it_in() {
         )
     });
     wait_until("writer queued", || waiting(&mut c, "dc") == 1);
-    let r1 = queue(
+    let r1 = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.RWREAD", "dc", "r1", "60000", "WAIT", "0"],
@@ -313,7 +276,7 @@ fn a_queued_writer_disconnecting_at_the_head_lets_the_readers_behind_it_in() {
     );
     int(&mut c, &["CLIENT", "KILL", "ID", &wid.to_string()]);
     assert!(writer.join().unwrap().is_err());
-    token_of(r1);
+    r1.token();
     assert_eq!(holders(&mut c, "dc"), owners(&[("r0", 1), ("r1", 1)]));
 }
 
@@ -325,7 +288,7 @@ fn readers_and_writers_show_in_info_lock() {
         int(&mut c, &["LOCK.RWREAD", "i1", r, "60000"]);
     }
     int(&mut c, &["LOCK.ACQUIRE", "i2", "w", "60000"]);
-    let w = queue(
+    let w = spawn_waiter(
         &server,
         &mut c,
         &["LOCK.ACQUIRE", "i1", "w2", "60000", "WAIT", "0"],
@@ -338,7 +301,7 @@ fn readers_and_writers_show_in_info_lock() {
     for r in ["a", "b", "c"] {
         int(&mut c, &["LOCK.RELEASE", "i1", r]);
     }
-    token_of(w);
+    w.token();
     assert_eq!(info_field(&mut c, "readers"), 0);
     assert_eq!(info_field(&mut c, "writers"), 2);
     assert_eq!(info_field(&mut c, "waiters"), 0);

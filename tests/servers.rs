@@ -1,30 +1,16 @@
 //! What differs between the servers of the test matrix (Redis 7.0, Valkey 8), checked on
 //! whichever one the harness runs (REDIS_LOCK_SERVER). ACL categories are in tests/metadata.rs.
 
-mod common;
-
-use std::io::Write;
 use std::net::TcpStream;
 
-use common::*;
-
-fn used_memory(c: &mut Connection) -> i64 {
-    let text: String = redis::cmd("INFO")
-        .arg("memory")
-        .query(c)
-        .expect("INFO memory");
-    text.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory")
-}
+use redis_lock_testkit::*;
 
 #[test]
 fn info_fields_carry_the_module_prefix_and_sit_in_the_module_section() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "k", "o", "10000"]);
-    let section: String = redis::cmd("INFO").arg("lock").query(&mut c).expect("INFO");
+    let section = info_section(&mut c, "lock");
     for field in [
         "locks_held",
         "readers",
@@ -35,18 +21,19 @@ fn info_fields_carry_the_module_prefix_and_sit_in_the_module_section() {
         "expirations_total",
     ] {
         assert!(
-            section.contains(&format!("\nlock_{field}:")),
-            "{:?}: no lock_{field} in\n{section}",
+            section.contains_key(&format!("lock_{field}")),
+            "{:?}: no lock_{field} in\n{section:?}",
             flavor(&mut c)
         );
     }
     assert_eq!(info_field(&mut c, "locks_held"), 1);
     // Module sections are in `INFO modules` / `INFO everything`, not in the default INFO.
-    let modules: String = redis::cmd("INFO")
-        .arg("modules")
-        .query(&mut c)
-        .expect("INFO");
-    assert!(modules.contains("lock_locks_held:1"), "{modules}");
+    let modules = info_section(&mut c, "modules");
+    assert_eq!(
+        modules.get("lock_locks_held").map(String::as_str),
+        Some("1"),
+        "{modules:?}"
+    );
     let default: String = redis::cmd("INFO").query(&mut c).expect("INFO");
     assert!(!default.contains("lock_locks_held"), "{default}");
 }
@@ -65,24 +52,12 @@ fn memory_per_blocked_waiter_is_the_servers_and_bounded() {
         .map(|_| TcpStream::connect(("127.0.0.1", server.port)).expect("connect"))
         .collect();
     wait_until("waiters connected", || {
-        let clients: String = redis::cmd("INFO")
-            .arg("clients")
-            .query(&mut c)
-            .expect("INFO");
-        clients
-            .lines()
-            .find_map(|l| l.strip_prefix("connected_clients:"))
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .is_some_and(|n| n > WAITERS)
+        info_u64(&mut c, "clients", "connected_clients") > WAITERS as u64
     });
     let before = used_memory(&mut c);
     for (i, s) in sockets.iter_mut().enumerate() {
         let owner = format!("w{i:04}");
-        let cmd = format!(
-            "*6\r\n$12\r\nLOCK.ACQUIRE\r\n$3\r\nmem\r\n${}\r\n{owner}\r\n$5\r\n60000\r\n$4\r\nWAIT\r\n$1\r\n0\r\n",
-            owner.len()
-        );
-        s.write_all(cmd.as_bytes()).expect("send");
+        send_raw(s, &["LOCK.ACQUIRE", "mem", &owner, "60000", "WAIT", "0"]).expect("send");
     }
     wait_until("all queued", || waiting(&mut c, "mem") == WAITERS as i64);
     let after = used_memory(&mut c);

@@ -13,15 +13,13 @@
 //!
 //! Time-bounded: STRESS_SECONDS (default 30).
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use redis_lock_testkit::*;
 
 const KEYS: usize = 4;
 /// The server computes expiries on its millisecond wall clock (`now_ms + ttl`, truncated), so

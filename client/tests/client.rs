@@ -1,16 +1,13 @@
 //! The client helper against real redis-servers with the module: one instance, and Redlock over
 //! five, with servers killed and paused.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{holders, int, query, Server, PATIENCE};
 use redis_lock_client::{Acquire, LockClient, LockError, Outcome, Redlock, Watchdog};
+use redis_lock_testkit::{holders, int, query, wait_until, waiting, Server, PATIENCE};
 
 fn url(s: &Server) -> String {
     format!("redis://127.0.0.1:{}/", s.port)
@@ -43,14 +40,14 @@ fn one_instance_try_wait_extend_release_and_drop() {
             .map(|g| g.fencing_token())
     });
     let mut c = server.client();
-    common::wait_until("waiter queued", || common::waiting(&mut c, "res") == 1);
+    wait_until("waiter queued", || waiting(&mut c, "res") == 1);
     thread::sleep(Duration::from_millis(20));
     assert!(first.extend().unwrap() > Duration::from_secs(9));
     first.release().unwrap();
     let t2 = waiter.join().unwrap().unwrap().unwrap();
     assert!(t2 > t1);
     // The waiter's guard was dropped inside the thread: released.
-    common::wait_until("released on drop", || int(&mut c, &["EXISTS", "res"]) == 0);
+    wait_until("released on drop", || int(&mut c, &["EXISTS", "res"]) == 0);
 
     // A wait that times out is `Held`.
     let _holder = client.try_lock("res", ttl).unwrap();
@@ -289,9 +286,7 @@ fn the_watchdog_keeps_extending_while_the_same_client_blocks_in_a_long_wait() {
     let (taken, lost, validity, held_by, still_waiting, waited) = thread::scope(|s| {
         // The same client blocks (up to 30 s) for a lock that another client holds.
         let waiter = s.spawn(|| client.lock("busy", ttl, PATIENCE * 3));
-        common::wait_until("the wait is queued", || {
-            common::waiting(&mut c, "busy") == 1
-        });
+        wait_until("the wait is queued", || waiting(&mut c, "busy") == 1);
         // Meanwhile someone else tries for 3 s (3 ttls) to take the guarded lock.
         let taken = intruder.lock("guarded", ttl, Duration::from_secs(3));
         let observed = (
@@ -299,7 +294,7 @@ fn the_watchdog_keeps_extending_while_the_same_client_blocks_in_a_long_wait() {
             guard.is_lost(),
             guard.validity(),
             holders(&mut c, "guarded"),
-            common::waiting(&mut c, "busy"),
+            waiting(&mut c, "busy"),
         );
         // End the wait before asserting, so a failure does not wait for it.
         drop(busy);
@@ -402,9 +397,7 @@ fn dropping_a_guard_does_not_wait_for_a_blocking_acquire_of_the_same_client() {
             let r = client.lock("busy", Duration::from_secs(1), wait);
             (r.map(|g| g.fencing_token()), started.elapsed())
         });
-        common::wait_until("the wait is queued", || {
-            common::waiting(&mut c, "busy") == 1
-        });
+        wait_until("the wait is queued", || waiting(&mut c, "busy") == 1);
         let started = Instant::now();
         drop(guard);
         let took = started.elapsed();
@@ -437,9 +430,7 @@ fn a_wait_longer_than_five_seconds_is_granted_at_its_end() {
     let mut c = server.client();
     thread::scope(|s| {
         let waiter = s.spawn(|| client.lock("long", Duration::from_secs(10), PATIENCE * 3));
-        common::wait_until("the wait is queued", || {
-            common::waiting(&mut c, "long") == 1
-        });
+        wait_until("the wait is queued", || waiting(&mut c, "long") == 1);
         thread::sleep(Duration::from_secs(6));
         held.release().unwrap();
         let granted = waiter.join().unwrap();

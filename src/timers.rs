@@ -4,7 +4,7 @@
 //! wait (they must be served the moment a holder expires) or when several holders expire at
 //! different times (each reader alone). A lone holder with nobody waiting needs none: the key's
 //! Redis expiry is that holder's expiry, and Redis removing the key is the same event (see
-//! `reconcile::on_unlink`), which saves a timer per lock.
+//! `settle::on_unlink`), which saves a timer per lock.
 //!
 //! Each lock value has at most one live timer, armed for its earliest holder expiry. A later
 //! deadline (EXTEND, a re-entry) leaves the armed timer alone: it fires early, finds nothing
@@ -14,22 +14,12 @@
 
 use std::time::Duration;
 
-use redis_module::{Context, ContextFlags, RedisModuleTimerID};
+use redis_module::{Context, ContextFlags};
 
-use crate::datatype::LockValue;
-use crate::ffi;
 use crate::keys::LockKey;
+use crate::sys::context;
+use crate::value::{ArmedTimer, LockValue};
 use redis_lock_core::Millis;
-
-/// The timer a value has armed, and where it will look for the value (the key by hash: a value
-/// that moved to another name needs a new timer).
-#[derive(Debug)]
-pub struct ArmedTimer {
-    id: RedisModuleTimerID,
-    at: Millis,
-    db: i32,
-    key_hash: u64,
-}
 
 fn key_hash(key: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -65,7 +55,7 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
         }
     }
     stop(ctx, value);
-    let delay = due.saturating_sub(ffi::now_ms());
+    let delay = due.saturating_sub(context::now_ms());
     let target = Target {
         db,
         key: key.into(),
@@ -89,8 +79,8 @@ fn stop(ctx: &Context, value: &mut LockValue) {
 
 /// Timer callback: runs on the main thread with a context of its own.
 fn fire(ctx: &Context, target: Target) {
-    crate::guard::guard_silent("expiry timer", || {
-        if !ffi::select_db(ctx, target.db) {
+    crate::sys::guard::guard_silent("expiry timer", || {
+        if !context::select_db(ctx, target.db) {
             return;
         }
         let mut key = LockKey::open(ctx, &target.key);

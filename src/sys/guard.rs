@@ -24,7 +24,9 @@ pub fn guard(what: &str, body: impl FnOnce() -> RedisResult) -> RedisResult {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            crate::ffi::log_warning(&format!("lock module: internal error in {what}: {detail}"));
+            super::context::log_warning(&format!(
+                "lock module: internal error in {what}: {detail}"
+            ));
             Err(RedisError::String(format!(
                 "ERR internal error in {what}; the lock module caught it and the server is fine"
             )))

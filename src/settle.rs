@@ -12,44 +12,36 @@
 //! key is now empty; queue entries that belong elsewhere are dropped; if the key now holds
 //! another type, its waiters get WRONGTYPE. Then the timer and expiry are brought up to date.
 
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use redis_module::Context;
 
-use crate::datatype::LockValue;
-use crate::ffi::{self, KeyKind};
 use crate::keys::LockKey;
-use crate::{blocking, stats};
+use crate::state;
+use crate::sys::context;
+use crate::sys::key::KeyKind;
+use crate::value::LockValue;
+use crate::{stats, waiters};
 use redis_lock_core::Lock;
-
-type DbKey = (i32, Box<[u8]>);
-
-thread_local! {
-    static DIRTY: RefCell<BTreeSet<DbKey>> = const { RefCell::new(BTreeSet::new()) };
-    /// Keys that Redis removed because their last holder's expiry passed before our timer
-    /// fired: the expiry is counted and notified when the key is settled.
-    static EXPIRED: RefCell<Vec<(DbKey, u64)>> = const { RefCell::new(Vec::new()) };
-    static SCHEDULED: Cell<bool> = const { Cell::new(false) };
-}
 
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
 pub fn mark_dirty(db: i32, key: &[u8]) {
-    DIRTY.with(|d| d.borrow_mut().insert((db, key.into())));
+    state::with_dirty(|d| d.insert((db, key.into())));
     schedule();
 }
 
 /// Schedules a settle pass on the next turn of the event loop (once).
 pub fn schedule() {
-    if SCHEDULED.with(|s| s.replace(true)) {
+    if state::replace_settle_scheduled(true) {
         return;
     }
-    match ffi::detached_context() {
+    match context::detached_context() {
         Some(ctx) => {
             ctx.create_timer(Duration::ZERO, run_timer, ());
         }
-        None => SCHEDULED.with(|s| s.set(false)),
+        None => {
+            state::replace_settle_scheduled(false);
+        }
     }
 }
 
@@ -60,9 +52,12 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     let before = crate::stats::Gauges::of(&value.lock);
     drop(value.lock.take_waiters());
     let holders = value.lock.holders().len() as u64;
-    let all_expired = value.lock.last_expiry().is_some_and(|t| t <= ffi::now_ms());
+    let all_expired = value
+        .lock
+        .last_expiry()
+        .is_some_and(|t| t <= context::now_ms());
     if holders > 0 && all_expired {
-        EXPIRED.with(|e| e.borrow_mut().push(((db, key.into()), holders)));
+        state::with_expired(|e| e.push(((db, key.into()), holders)));
     }
     stats::update_gauges(before, crate::stats::Gauges::of(&value.lock));
     if had_waiters || (holders > 0 && all_expired) {
@@ -73,22 +68,22 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
 /// FLUSHDB (`db`) or FLUSHALL (-1): every waited-on key there is settled.
 pub fn on_flush(db: i32) {
     let dbs: Vec<i32> = if db < 0 { Vec::new() } else { vec![db] };
-    for (db, key) in blocking::waited_keys(&dbs) {
+    for (db, key) in waiters::waited_keys(&dbs) {
         mark_dirty(db, &key);
     }
 }
 
 /// SWAPDB a b: waited-on keys of either database are settled in both.
 pub fn on_swapdb(a: i32, b: i32) {
-    for (_, key) in blocking::waited_keys(&[a, b]) {
+    for (_, key) in waiters::waited_keys(&[a, b]) {
         mark_dirty(a, &key);
         mark_dirty(b, &key);
     }
 }
 
 fn run_timer(ctx: &Context, _: ()) {
-    crate::guard::guard_silent("settle timer", || {
-        SCHEDULED.with(|s| s.set(false));
+    crate::sys::guard::guard_silent("settle timer", || {
+        state::replace_settle_scheduled(false);
         run_all(ctx);
     });
 }
@@ -96,26 +91,23 @@ fn run_timer(ctx: &Context, _: ()) {
 /// Settles every dirty key. A replica settles nothing: it has no waiters and takes expiry from
 /// its master; a promotion marks every lock key dirty again.
 pub fn run_all(ctx: &Context) {
-    let dirty = DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
-        EXPIRED.with(|e| e.borrow_mut().clear());
+        state::with_expired(|e| e.clear());
         return;
     }
-    let original_db = ffi::selected_db(ctx);
+    let original_db = context::selected_db(ctx);
     for (db, key) in dirty {
-        if ffi::select_db(ctx, db) {
+        if context::select_db(ctx, db) {
             settle(ctx, db, &key);
         }
     }
-    ffi::select_db(ctx, original_db);
+    context::select_db(ctx, original_db);
 }
 
 /// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.
 pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
-    let was_dirty = DIRTY.with(|d| {
-        let mut d = d.borrow_mut();
-        !d.is_empty() && d.remove(&(db, Box::<[u8]>::from(key)))
-    });
+    let was_dirty = state::with_dirty(|d| !d.is_empty() && d.remove(&(db, Box::<[u8]>::from(key))));
     if was_dirty {
         settle(ctx, db, key);
     }
@@ -123,8 +115,7 @@ pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
 
 fn settle(ctx: &Context, db: i32, key: &[u8]) {
     let mut lock_key = LockKey::open(ctx, key);
-    let expired = EXPIRED.with(|e| {
-        let mut e = e.borrow_mut();
+    let expired = state::with_expired(|e| {
         let mut n = 0;
         e.retain(|((d, k), count)| {
             let this = *d == db && **k == *key;
@@ -141,20 +132,20 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
             lock_key.notify(c"lock.expire");
         }
     }
-    let waiting = blocking::queued_at(db, key);
+    let waiting = waiters::queued_at(db, key);
     match lock_key.kind() {
         KeyKind::Other => {
             for (id, _) in waiting {
-                blocking::refuse_wrong_type(id);
+                waiters::refuse_wrong_type(id);
             }
         }
         KeyKind::Empty if waiting.is_empty() => {}
-        KeyKind::Empty | KeyKind::Lock => {
+        KeyKind::Empty | KeyKind::Value => {
             if lock_key.existing_or_new().is_err() {
                 return;
             }
             lock_key.apply(|lock: &mut Lock, step| {
-                lock.retain_waiters(|id| blocking::is_queued_at(id, db, key));
+                lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
                 let missing = waiting
                     .into_iter()
                     .filter(|(id, _)| !lock.queue().contains(*id))

@@ -1,0 +1,99 @@
+//! LOCK.ACQUIRE and LOCK.RWREAD: take a lock exclusive or shared, now or after waiting in the
+//! FIFO queue (the client is then blocked natively; `waiters` replies when it is granted, times
+//! out or leaves).
+
+use redis_lock_core::{parse, Acquired, Mode, Waiter};
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::errors::{
+    arg_error, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED, QUEUE_FULL, TOO_MANY_WAITERS,
+};
+use crate::keys::LockKey;
+use crate::sys::commands::Command;
+use crate::sys::context;
+use crate::{blocking, settle, stats, waiters};
+
+use super::args::slices;
+
+/// LOCK.ACQUIRE key owner ttl [WAIT timeout]
+pub struct Acquire;
+
+impl Command for Acquire {
+    const NAME: &'static str = "LOCK.ACQUIRE";
+    fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        acquire_in_mode(ctx, &args, Mode::Write)
+    }
+}
+
+/// LOCK.RWREAD key owner ttl [WAIT timeout]
+pub struct RwRead;
+
+impl Command for RwRead {
+    const NAME: &'static str = "LOCK.RWREAD";
+    fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        acquire_in_mode(ctx, &args, Mode::Read)
+    }
+}
+
+fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResult {
+    let [_, key_arg, rest @ ..] = args else {
+        return Err(RedisError::WrongArity);
+    };
+    let key = key_arg.as_slice();
+    let rest = slices(rest);
+    let req = parse::acquire(&rest).map_err(arg_error)?;
+    let db = context::selected_db(ctx);
+    settle::run_for(ctx, db, key);
+
+    // Inside MULTI, Lua and functions nothing may block: WAIT then acts as without WAIT.
+    let may_block = !ctx
+        .get_flags()
+        .intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
+    let mut lock_key = LockKey::open_arg(ctx, key_arg);
+    let queued_here = lock_key.existing_or_new()?.lock.queue().len();
+    let queue_full = if queued_here >= crate::config::max_waiters() {
+        Some(QUEUE_FULL)
+    } else if waiters::count() >= crate::config::max_total_waiters() {
+        Some(TOO_MANY_WAITERS)
+    } else {
+        None
+    };
+    let wants_to_wait = req.wait.is_some() && may_block;
+    let wait_id = (wants_to_wait && queue_full.is_none()).then(waiters::next_id);
+    let outcome = lock_key
+        .apply(|lock, step| lock.acquire(req.owner, mode, req.ttl, wait_id, step))
+        .ok_or(RedisError::Str(KEY_VANISHED))?;
+    match outcome {
+        Acquired::Granted { token, .. } => {
+            stats::count_grant();
+            lock_key.notify(c"lock.acquire");
+            Ok(RedisValue::Integer(
+                i64::try_from(token).unwrap_or(i64::MAX),
+            ))
+        }
+        Acquired::Queued => {
+            let (Some(id), Some(timeout)) = (wait_id, req.wait) else {
+                return Ok(RedisValue::Null);
+            };
+            let waiter = Waiter {
+                owner: req.owner.into(),
+                mode,
+                ttl: req.ttl,
+            };
+            if blocking::block(ctx, id, db, key, waiter, timeout) {
+                // The reply comes from the blocked-client callbacks.
+                Ok(RedisValue::NoReply)
+            } else {
+                lock_key.apply(|lock, step| lock.cancel_waiter(id, step));
+                Ok(RedisValue::Null)
+            }
+        }
+        Acquired::Busy if wants_to_wait => match queue_full {
+            Some(message) => Err(RedisError::Str(message)),
+            None => Ok(RedisValue::Null),
+        },
+        Acquired::Busy => Ok(RedisValue::Null),
+        Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
+        Acquired::CountOverflow => Err(RedisError::Str(COUNT_OVERFLOW)),
+    }
+}

@@ -1,0 +1,68 @@
+//! LOCK.INFO: a lock's mode, fence, holders and queue (read-only; also on replicas).
+
+use std::collections::BTreeMap;
+
+use redis_module::redisvalue::RedisValueKey;
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::keys::LockKey;
+use crate::sys::commands::Command;
+use crate::sys::context;
+
+/// LOCK.INFO key
+pub struct Info;
+
+impl Command for Info {
+    const NAME: &'static str = "LOCK.INFO";
+    fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        let [_, key_arg] = &args[..] else {
+            return Err(RedisError::WrongArity);
+        };
+        let mut lock_key = LockKey::open_arg_read(ctx, key_arg);
+        let Some(value) = lock_key.existing()? else {
+            return Ok(RedisValue::Null);
+        };
+        let now = context::now_ms();
+        let lock = &value.lock;
+        // Holders whose expiry has passed are gone even if the timer has not run yet.
+        let mut holders: Vec<_> = lock
+            .holders()
+            .iter()
+            .filter(|(_, h)| h.expires_at > now)
+            .collect();
+        holders.sort_by(|a, b| a.0.cmp(b.0));
+        let mode = match holders.first() {
+            None => "free",
+            Some((_, h)) => h.mode.as_str(),
+        };
+        let holders = holders
+            .into_iter()
+            .map(|(owner, h)| {
+                RedisValue::Array(vec![
+                    RedisValue::StringBuffer(owner.to_vec()),
+                    RedisValue::Integer(i64::try_from(h.count).unwrap_or(i64::MAX)),
+                    RedisValue::Integer(i64::try_from(h.expires_at - now).unwrap_or(i64::MAX)),
+                ])
+            })
+            .collect();
+        let queue = lock
+            .queue()
+            .iter()
+            .map(|(_, w)| RedisValue::SimpleStringStatic(w.mode.as_str()))
+            .collect();
+        let mut map = BTreeMap::new();
+        let field = |name: &str| RedisValueKey::String(name.to_string());
+        map.insert(field("mode"), RedisValue::SimpleStringStatic(mode));
+        map.insert(
+            field("fence"),
+            RedisValue::Integer(i64::try_from(lock.fence()).unwrap_or(i64::MAX)),
+        );
+        map.insert(field("holders"), RedisValue::Array(holders));
+        map.insert(
+            field("waiting"),
+            RedisValue::Integer(i64::try_from(lock.queue().len()).unwrap_or(i64::MAX)),
+        );
+        map.insert(field("queue"), RedisValue::Array(queue));
+        Ok(RedisValue::OrderedMap(map))
+    }
+}

@@ -1,0 +1,66 @@
+//! LOCK.SYNC: applies a master's effect (replication stream, AOF load). The wire format is
+//! `redis_lock_core::sync`; what produces it is `replication`.
+
+use redis_lock_core::sync::parse_sync;
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::errors::{arg_error, SYNC_CONFLICT, SYNC_IS_INTERNAL};
+use crate::keys::LockKey;
+use crate::sys::commands::Command;
+use crate::sys::context;
+use crate::{settle, stats};
+
+use super::args::slices;
+
+/// LOCK.SYNC key owner state (internal: replication and AOF).
+pub struct Sync;
+
+impl Command for Sync {
+    const NAME: &'static str = "LOCK.SYNC";
+    fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        apply(ctx, &slices(&args))
+    }
+}
+
+fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
+    let [_, key, rest @ ..] = args else {
+        return Err(RedisError::WrongArity);
+    };
+    let sync = parse_sync(rest).map_err(arg_error)?;
+    let flags = ctx.get_flags();
+    if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
+        return Err(RedisError::Str(SYNC_IS_INTERNAL));
+    }
+    let mut lock_key = LockKey::open(ctx, key);
+    lock_key.set_replicate(false);
+    match (&sync.holder, lock_key.existing()?) {
+        (None, None) => return Ok(RedisValue::Integer(0)),
+        (Some(_), None) => {
+            lock_key.existing_or_new()?;
+        }
+        (Some(h), Some(value)) => {
+            // As strict as an RDB load: never a writer beside another holder.
+            if value.lock.check_restorable(sync.owner, h).is_err() {
+                return Err(RedisError::Str(SYNC_CONFLICT));
+            }
+        }
+        (None, Some(_)) => {}
+    }
+    lock_key.apply_exact(|lock| {
+        stats::with_fences(|fences| {
+            fences.observe(sync.counter);
+            lock.restore_fence(sync.fence, fences);
+            match sync.holder {
+                Some(h) => lock.restore_holder(sync.owner, h, fences),
+                None => {
+                    lock.remove_holder(sync.owner);
+                }
+            }
+        })
+    });
+    if flags.contains(ContextFlags::LOADING) {
+        // Loaded holders get their timers once loading ends.
+        settle::mark_dirty(context::selected_db(ctx), key);
+    }
+    Ok(RedisValue::Integer(1))
+}

@@ -1,0 +1,44 @@
+//! Where server events and keyspace notifications lead: almost all of them to settling keys
+//! whose waiters or timers Redis moved behind the module's back (`settle`).
+
+use redis_module::Context;
+
+use crate::sys::events::{EventHandler, ServerEvent};
+use crate::sys::scan::for_each_key_of;
+use crate::value::LOCK_TYPE;
+use crate::{settle, waiters};
+
+/// The module's [`EventHandler`].
+pub struct Events;
+
+impl EventHandler for Events {
+    fn on_server_event(ctx: &Context, event: ServerEvent) {
+        match event {
+            // Values of the flushed databases were freed without unlink: their waiters must
+            // be served again.
+            ServerEvent::Flushed { db } => settle::on_flush(db),
+            // Whole databases changed index under the waiters and timers: every lock key now
+            // in either database is settled (its timer re-armed where the key now is), and so
+            // is every key that waiters were queued on.
+            ServerEvent::SwappedDbs { first, second } => {
+                settle::on_swapdb(first, second);
+                for_each_key_of(ctx, &LOCK_TYPE, &[first, second], settle::mark_dirty);
+            }
+            // Loaded keys get their timers and expiry once loading is done.
+            ServerEvent::LoadingEnded => settle::schedule(),
+            ServerEvent::ClientClosing { client_id } => waiters::note_closing(client_id),
+            // A replica arms no timers: a promoted one needs them for every lock key now.
+            ServerEvent::BecameMaster => {
+                for_each_key_of(ctx, &LOCK_TYPE, &[], settle::mark_dirty);
+            }
+        }
+    }
+
+    /// A lock value that arrives under a new name (RENAME, MOVE, COPY, RESTORE) needs its
+    /// timer re-armed there.
+    fn on_keyspace_event(_ctx: &Context, db: i32, event: &[u8], key: &[u8]) {
+        if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
+            settle::mark_dirty(db, key);
+        }
+    }
+}

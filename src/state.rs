@@ -1,0 +1,166 @@
+//! All module-wide mutable state, in one place: what is not in any key. Each feature file
+//! owns the logic that changes its part; this file only holds the data and its structures.
+//!
+//! Redis runs module code on its main thread only (fork children get their own copy), so
+//! thread-local cells are enough; no borrow is ever held across a call into Redis.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, HashMap};
+
+use redis_lock_core::{FenceCounter, Waiter, WaiterId};
+
+use crate::sys::blocked::{BlockedClient, BlockedClientId};
+
+/// A key of one database.
+pub type DbKey = (i32, Box<[u8]>);
+
+thread_local! {
+    /// Clients blocked in the module (`waiters`, `blocking`).
+    static WAITERS: RefCell<Registry> = RefCell::new(Registry::default());
+    /// The id of the connection Redis most recently announced as closing (`blocking`).
+    static CLOSING: Cell<u64> = const { Cell::new(0) };
+    /// Keys to settle (`settle`).
+    static DIRTY: RefCell<BTreeSet<DbKey>> = const { RefCell::new(BTreeSet::new()) };
+    /// Keys that Redis removed because their last holder's expiry passed before our timer
+    /// fired, with how many holders expired: counted and notified when the key is settled.
+    static EXPIRED: RefCell<Vec<(DbKey, u64)>> = const { RefCell::new(Vec::new()) };
+    /// Is a settle pass scheduled?
+    static SETTLE_SCHEDULED: Cell<bool> = const { Cell::new(false) };
+    /// The module-wide source of fencing tokens (`stats`; persisted as RDB aux data).
+    static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
+    /// The INFO figures (`stats`).
+    static COUNTERS: Counters = const { Counters::new() };
+}
+
+pub fn with_waiters<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    WAITERS.with(|r| f(&mut r.borrow_mut()))
+}
+
+pub fn closing() -> u64 {
+    CLOSING.with(|c| c.get())
+}
+
+pub fn set_closing(client_id: u64) {
+    CLOSING.with(|c| c.set(client_id));
+}
+
+pub fn with_dirty<R>(f: impl FnOnce(&mut BTreeSet<DbKey>) -> R) -> R {
+    DIRTY.with(|d| f(&mut d.borrow_mut()))
+}
+
+pub fn with_expired<R>(f: impl FnOnce(&mut Vec<(DbKey, u64)>) -> R) -> R {
+    EXPIRED.with(|e| f(&mut e.borrow_mut()))
+}
+
+/// Sets whether a settle pass is scheduled; returns what it was.
+pub fn replace_settle_scheduled(scheduled: bool) -> bool {
+    SETTLE_SCHEDULED.with(|s| s.replace(scheduled))
+}
+
+/// Runs `f` with the module's fencing counter.
+pub fn with_fences<R>(f: impl FnOnce(&mut FenceCounter) -> R) -> R {
+    FENCES.with(|cell| {
+        let mut fences = cell.get();
+        let r = f(&mut fences);
+        cell.set(fences);
+        r
+    })
+}
+
+pub fn with_counters<R>(f: impl FnOnce(&Counters) -> R) -> R {
+    COUNTERS.with(f)
+}
+
+/// Where a blocked waiter is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitState {
+    Queued,
+    /// Granted; the token is replied when Redis calls the reply callback.
+    Granted {
+        token: u64,
+    },
+    /// The key now holds another type.
+    WrongType,
+}
+
+/// One blocked waiter: its handle and what it asked for.
+pub struct Entry {
+    /// The handle, while the client is still blocked by us (queued): taken by its unblock.
+    pub client: Option<BlockedClient>,
+    /// The handle's identity, which Redis's callbacks report.
+    pub client_handle_id: BlockedClientId,
+    /// Redis's id of the blocked connection (never reused while the server runs).
+    pub client_id: u64,
+    pub db: i32,
+    pub key: Box<[u8]>,
+    pub waiter: Waiter,
+    pub state: WaitState,
+}
+
+/// Every client blocked in the module, by waiter id, by handle and by key.
+#[derive(Default)]
+pub struct Registry {
+    pub next_id: u64,
+    pub entries: HashMap<WaiterId, Entry>,
+    pub by_client: HashMap<BlockedClientId, WaiterId>,
+    /// Queued waiters per (db, key), to serve them again when their key goes away.
+    pub by_key: HashMap<(i32, Box<[u8]>), BTreeSet<WaiterId>>,
+}
+
+impl Registry {
+    pub fn unindex_key(&mut self, id: WaiterId, db: i32, key: &[u8]) {
+        let k = (db, Box::<[u8]>::from(key));
+        if let Some(set) = self.by_key.get_mut(&k) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.by_key.remove(&k);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, id: WaiterId) -> Option<Entry> {
+        let entry = self.entries.remove(&id)?;
+        self.by_client.remove(&entry.client_handle_id);
+        if entry.state == WaitState::Queued {
+            self.unindex_key(id, entry.db, &entry.key);
+        }
+        Some(entry)
+    }
+
+    /// Moves a queued entry to `state` and returns its client handle.
+    pub fn resolve(&mut self, id: WaiterId, state: WaitState) -> Option<BlockedClient> {
+        let entry = self.entries.get_mut(&id)?;
+        if entry.state != WaitState::Queued {
+            return None;
+        }
+        entry.state = state;
+        let (client, db, key) = (entry.client.take(), entry.db, entry.key.clone());
+        self.unindex_key(id, db, &key);
+        client
+    }
+}
+
+/// The running totals and current-value figures of `INFO lock`.
+pub struct Counters {
+    pub grants: Cell<u64>,
+    pub timeouts: Cell<u64>,
+    pub expirations: Cell<u64>,
+    pub locks_held: Cell<u64>,
+    pub readers: Cell<u64>,
+    pub writers: Cell<u64>,
+    pub waiters: Cell<u64>,
+}
+
+impl Counters {
+    pub const fn new() -> Self {
+        Counters {
+            grants: Cell::new(0),
+            timeouts: Cell::new(0),
+            expirations: Cell::new(0),
+            locks_held: Cell::new(0),
+            readers: Cell::new(0),
+            writers: Cell::new(0),
+            waiters: Cell::new(0),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Calls about the current context that the crate's `Context` does not wrap: the clock,
+//! databases, the client's id, replication, keyspace notifications, the module's long-lived
+//! context and its log.
+
+use std::ffi::{c_int, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use redis_module::{raw, Context, RedisString};
+
+/// Current Unix time in ms, as Redis's own `mstime()` (the clock key expiry uses).
+pub fn now_ms() -> u64 {
+    // SAFETY: RedisModule_Milliseconds takes no arguments and only reads the clock.
+    let ms = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
+    u64::try_from(ms).unwrap_or(0)
+}
+
+/// The database the context works on.
+pub fn selected_db(ctx: &Context) -> i32 {
+    // SAFETY: ctx.ctx is the live context Redis handed to the current callback.
+    unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// Switches the context to database `db`. False if the index does not exist.
+pub fn select_db(ctx: &Context, db: i32) -> bool {
+    // SAFETY: as above; Redis validates the index and answers ERR when out of range.
+    unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, db)) == 0 }
+}
+
+/// Redis's id of the client running the current command.
+pub fn client_id(ctx: &Context) -> u64 {
+    // SAFETY: ctx is the live context of the current command.
+    unsafe { raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// The bytes of a string Redis handed to a callback, lent to `f` only: the borrow cannot
+/// outlive the callback that received the string.
+pub(crate) fn with_bytes<R>(s: *const raw::RedisModuleString, f: impl FnOnce(&[u8]) -> R) -> R {
+    if s.is_null() {
+        return f(&[]);
+    }
+    let mut len: usize = 0;
+    // SAFETY: s is a live RedisModuleString for the duration of the callback that received
+    // it, which outlasts this call; StringPtrLen returns its buffer and length, and the slice
+    // is only lent to `f`.
+    unsafe {
+        let p = raw::RedisModule_StringPtrLen.map_or(ptr::null(), |g| g(s as *mut _, &mut len));
+        if p.is_null() {
+            f(&[])
+        } else {
+            f(std::slice::from_raw_parts(p as *const u8, len))
+        }
+    }
+}
+
+/// Propagates `command a b c` (three binary-safe arguments) to replicas and the AOF.
+pub fn replicate3(ctx: &Context, command: &CStr, args: [&[u8]; 3]) {
+    let [a, b, c] = args;
+    // SAFETY: ctx is live; the format matches the arguments (b = pointer + length) and the
+    // buffers outlive the call (Redis copies them into its own objects).
+    unsafe {
+        if let Some(replicate) = raw::RedisModule_Replicate {
+            replicate(
+                ctx.ctx,
+                command.as_ptr(),
+                c"bbb".as_ptr(),
+                a.as_ptr(),
+                a.len(),
+                b.as_ptr(),
+                b.len(),
+                c.as_ptr(),
+                c.len(),
+            );
+        }
+    }
+}
+
+/// Sends a keyspace notification of the module class (`d`) for `key`. The event name is a
+/// static C string, so nothing is allocated when notifications are off.
+pub fn notify_module_event(ctx: &Context, event: &CStr, key: &RedisString) {
+    // SAFETY: ctx and key are live for this call; event is NUL-terminated.
+    unsafe {
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(
+                ctx.ctx,
+                raw::REDISMODULE_NOTIFY_MODULE as c_int,
+                event.as_ptr(),
+                key.inner,
+            );
+        }
+    }
+}
+
+static DETACHED_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(ptr::null_mut());
+
+/// Creates the module's long-lived context (at load). It is used from the main thread only,
+/// for calls that need a context where Redis gives none (creating a timer from inside a
+/// data-type callback); it never takes the GIL.
+pub fn init_detached_context(ctx: &Context) {
+    // SAFETY: called once from OnLoad with its live ctx; the returned context lives until the
+    // process exits.
+    let d = unsafe {
+        raw::RedisModule_GetDetachedThreadSafeContext.map_or(ptr::null_mut(), |f| f(ctx.ctx))
+    };
+    DETACHED_CTX.store(d, Ordering::Relaxed);
+}
+
+/// The module's long-lived context, for timer creation outside any callback context.
+pub fn detached_context() -> Option<Context> {
+    let p = DETACHED_CTX.load(Ordering::Relaxed);
+    (!p.is_null()).then(|| Context::new(p))
+}
+
+/// Writes a warning to the Redis log (for failures that have no client to tell).
+pub fn log_warning(message: &str) {
+    if let Some(ctx) = detached_context() {
+        ctx.log_warning(message);
+    }
+}

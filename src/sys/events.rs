@@ -1,0 +1,158 @@
+//! Server events and keyspace notifications, as trampolines generic over an [`EventHandler`]
+//! that receives them typed.
+
+use std::ffi::{c_int, c_void, CStr};
+
+use redis_module::{raw, Context};
+
+use super::context::{selected_db, with_bytes};
+use super::guard::guard_silent;
+
+/// A server event the module follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// FLUSHDB (`db`) or FLUSHALL (`db` = -1) finished, also inside DEBUG RELOAD or a full
+    /// sync. Values were freed without unlink.
+    Flushed { db: i32 },
+    /// SWAPDB `first` `second`.
+    SwappedDbs { first: i32, second: i32 },
+    /// RDB or AOF loading finished.
+    LoadingEnded,
+    /// Connection `client_id` is closing. Redis 7.0's freeClient sends this before it detaches
+    /// the client's blocked state.
+    ClientClosing { client_id: u64 },
+    /// This server was a replica and is now a master.
+    BecameMaster,
+}
+
+/// Receives the events. Every method runs inside the panic guard.
+pub trait EventHandler: 'static {
+    fn on_server_event(ctx: &Context, event: ServerEvent);
+    /// A keyspace notification of the generic class (`event` is its name, such as `del`,
+    /// `rename_to`) for `key` of database `db`.
+    fn on_keyspace_event(ctx: &Context, db: i32, event: &[u8], key: &[u8]);
+}
+
+#[repr(C)]
+struct FlushInfo {
+    version: u64,
+    sync: i32,
+    dbnum: i32,
+}
+
+#[repr(C)]
+struct SwapDbInfo {
+    version: u64,
+    first: i32,
+    second: i32,
+}
+
+/// REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER (a macro bindgen does not export).
+const NOW_MASTER: u64 = 0;
+
+fn typed(eid: u64, sub: u64, data: *mut c_void) -> Option<ServerEvent> {
+    match eid {
+        raw::REDISMODULE_EVENT_FLUSHDB if sub == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
+            // SAFETY: for the FlushDB event Redis passes a RedisModuleFlushInfoV1.
+            let db = unsafe { (data as *const FlushInfo).as_ref() }.map_or(-1, |i| i.dbnum);
+            Some(ServerEvent::Flushed { db })
+        }
+        raw::REDISMODULE_EVENT_SWAPDB => {
+            // SAFETY: for the SwapDB event Redis passes a RedisModuleSwapDbInfoV1.
+            unsafe { (data as *const SwapDbInfo).as_ref() }.map(|i| ServerEvent::SwappedDbs {
+                first: i.first,
+                second: i.second,
+            })
+        }
+        raw::REDISMODULE_EVENT_LOADING if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+            Some(ServerEvent::LoadingEnded)
+        }
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE
+            if sub == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED =>
+        {
+            // SAFETY: for the client-change event Redis passes a RedisModuleClientInfoV1.
+            unsafe { (data as *const raw::RedisModuleClientInfo).as_ref() }
+                .map(|info| ServerEvent::ClientClosing { client_id: info.id })
+        }
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED if sub == NOW_MASTER => {
+            Some(ServerEvent::BecameMaster)
+        }
+        _ => None,
+    }
+}
+
+extern "C" fn on_server_event<H: EventHandler>(
+    ctx: *mut raw::RedisModuleCtx,
+    eid: raw::RedisModuleEvent,
+    sub: u64,
+    data: *mut c_void,
+) {
+    // The guard's name per event kind (the fault-injection tests arm them by name).
+    let what = match eid.id {
+        raw::REDISMODULE_EVENT_FLUSHDB => "flush event",
+        raw::REDISMODULE_EVENT_SWAPDB => "swapdb event",
+        raw::REDISMODULE_EVENT_LOADING => "loading event",
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE => "client event",
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => "role change event",
+        _ => "server event",
+    };
+    guard_silent(what, || {
+        if let Some(event) = typed(eid.id, sub, data) {
+            H::on_server_event(&Context::new(ctx), event);
+        }
+    });
+}
+
+extern "C" fn on_keyspace_event<H: EventHandler>(
+    ctx: *mut raw::RedisModuleCtx,
+    _type: c_int,
+    event: *const std::ffi::c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    guard_silent("keyspace event", || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: Redis passes a NUL-terminated event name that lives during the call.
+        let name = unsafe { CStr::from_ptr(event) }.to_bytes();
+        let context = Context::new(ctx);
+        let db = selected_db(&context);
+        with_bytes(key, |key| H::on_keyspace_event(&context, db, name, key));
+    });
+    0
+}
+
+/// Subscribes `H` to the events above. Called once from OnLoad.
+pub fn subscribe<H: EventHandler>(ctx: &Context) -> Result<(), String> {
+    for id in [
+        raw::REDISMODULE_EVENT_FLUSHDB,
+        raw::REDISMODULE_EVENT_SWAPDB,
+        raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+    ] {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: ctx is OnLoad's; the callback is a 'static function.
+        let rc = unsafe {
+            raw::RedisModule_SubscribeToServerEvent
+                .map_or(1, |f| f(ctx.ctx, event, Some(on_server_event::<H>)))
+        };
+        if rc != 0 {
+            return Err(format!("cannot subscribe to server event {id}"));
+        }
+    }
+    // SAFETY: as above.
+    let rc = unsafe {
+        raw::RedisModule_SubscribeToKeyspaceEvents.map_or(1, |f| {
+            f(
+                ctx.ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC,
+                Some(on_keyspace_event::<H>),
+            )
+        })
+    };
+    if rc != 0 {
+        return Err("cannot subscribe to keyspace events".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! The registry of clients blocked in the module while they wait for a lock.
+//!
+//! The lock core only knows waiter ids. The registry (`state::Registry`) maps each id to its
+//! blocked client handle and to what it asked for (database, key, owner, mode, ttl), and
+//! follows it through its life: queued, then granted (reply pending) or refused, until Redis
+//! calls back (`blocking`). The entry owns the client's handle while it is queued and gives it
+//! up to the one `unblock` it gets: when granted or refused here, or on timeout or disconnect
+//! while queued (`blocking`).
+
+use redis_lock_core::{Waiter, WaiterId};
+
+use crate::state::{self, with_waiters, WaitState};
+
+/// Redis announced that connection `client_id` is closing (client-change event).
+pub fn note_closing(client_id: u64) {
+    state::set_closing(client_id);
+}
+
+/// How many clients are blocked in the module (queued, or granted with the reply pending).
+pub fn count() -> usize {
+    with_waiters(|r| r.entries.len())
+}
+
+/// A new waiter id; ids increase in arrival order.
+pub fn next_id() -> WaiterId {
+    with_waiters(|r| {
+        r.next_id += 1;
+        WaiterId(r.next_id)
+    })
+}
+
+/// The core granted waiter `id`: unblock its client; the reply callback sends `token`.
+pub fn deliver_grant(id: WaiterId, token: u64) {
+    if let Some(client) = with_waiters(|r| r.resolve(id, WaitState::Granted { token })) {
+        client.unblock();
+    }
+}
+
+/// Waiter `id`'s key now holds another type: it gets WRONGTYPE.
+pub fn refuse_wrong_type(id: WaiterId) {
+    if let Some(client) = with_waiters(|r| r.resolve(id, WaitState::WrongType)) {
+        client.unblock();
+    }
+}
+
+/// Is `id` still queued on (`db`, `key`)?
+pub fn is_queued_at(id: WaiterId, db: i32, key: &[u8]) -> bool {
+    with_waiters(|r| {
+        r.entries
+            .get(&id)
+            .is_some_and(|e| e.state == WaitState::Queued && e.db == db && *e.key == *key)
+    })
+}
+
+/// The waiters still queued on (`db`, `key`), in arrival order.
+pub fn queued_at(db: i32, key: &[u8]) -> Vec<(WaiterId, Waiter)> {
+    with_waiters(|r| {
+        let Some(ids) = r.by_key.get(&(db, key.into())) else {
+            return Vec::new();
+        };
+        ids.iter()
+            .filter_map(|id| r.entries.get(id).map(|e| (*id, e.waiter.clone())))
+            .collect()
+    })
+}
+
+/// Every (db, key) that has queued waiters, for databases `dbs` (all when empty).
+pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
+    with_waiters(|r| {
+        r.by_key
+            .keys()
+            .filter(|(db, _)| dbs.is_empty() || dbs.contains(db))
+            .cloned()
+            .collect()
+    })
+}

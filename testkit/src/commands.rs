@@ -1,0 +1,114 @@
+//! Commands given as words, and `LOCK.INFO` read into maps.
+
+use std::collections::HashMap;
+
+use redis::{Connection, Value};
+
+/// Runs a command given as words.
+pub fn cmd(words: &[&str]) -> redis::Cmd {
+    let mut c = redis::cmd(words[0]);
+    for w in &words[1..] {
+        c.arg(*w);
+    }
+    c
+}
+
+pub fn query(c: &mut Connection, words: &[&str]) -> redis::RedisResult<Value> {
+    cmd(words).query(c)
+}
+
+/// The reply as an integer token, panicking with the reply otherwise.
+pub fn int(c: &mut Connection, words: &[&str]) -> i64 {
+    match query(c, words) {
+        Ok(Value::Int(i)) => i,
+        other => panic!("{words:?}: expected an integer, got {other:?}"),
+    }
+}
+
+pub fn is_nil(c: &mut Connection, words: &[&str]) -> bool {
+    matches!(query(c, words), Ok(Value::Nil))
+}
+
+/// The error text of a reply, panicking if it was not an error.
+pub fn err(c: &mut Connection, words: &[&str]) -> String {
+    match query(c, words) {
+        Err(e) => format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+            .trim()
+            .to_string(),
+        Ok(v) => panic!("{words:?}: expected an error, got {v:?}"),
+    }
+}
+
+/// LOCK.INFO as a map from field name to value (RESP2 flat array), or None for nil.
+pub fn info(c: &mut Connection, key: &str) -> Option<HashMap<String, Value>> {
+    match query(c, &["LOCK.INFO", key]).expect("LOCK.INFO") {
+        Value::Nil => None,
+        Value::Array(items) => {
+            let mut map = HashMap::new();
+            for pair in items.chunks(2) {
+                let name = match &pair[0] {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
+                    Value::SimpleString(s) => s.clone(),
+                    other => panic!("field name {other:?}"),
+                };
+                map.insert(name, pair[1].clone());
+            }
+            Some(map)
+        }
+        Value::Map(items) => Some(
+            items
+                .into_iter()
+                .map(|(k, v)| match k {
+                    Value::BulkString(b) => (String::from_utf8_lossy(&b).to_string(), v),
+                    Value::SimpleString(s) => (s, v),
+                    other => panic!("field name {other:?}"),
+                })
+                .collect(),
+        ),
+        other => panic!("LOCK.INFO reply {other:?}"),
+    }
+}
+
+pub fn info_int(c: &mut Connection, key: &str, field: &str) -> i64 {
+    match info(c, key).and_then(|m| m.get(field).cloned()) {
+        Some(Value::Int(i)) => i,
+        other => panic!("{field}: {other:?}"),
+    }
+}
+
+/// The owners holding `key`, with their counts, sorted by owner.
+pub fn holders(c: &mut Connection, key: &str) -> Vec<(String, i64)> {
+    let Some(map) = info(c, key) else {
+        return Vec::new();
+    };
+    let Some(Value::Array(hs)) = map.get("holders").cloned() else {
+        panic!("holders field missing");
+    };
+    hs.into_iter()
+        .map(|h| match h {
+            Value::Array(parts) => match (&parts[0], &parts[1]) {
+                (Value::BulkString(o), Value::Int(n)) => {
+                    (String::from_utf8_lossy(o).to_string(), *n)
+                }
+                other => panic!("holder {other:?}"),
+            },
+            other => panic!("holder {other:?}"),
+        })
+        .collect()
+}
+
+/// Waiters queued on `key` (0 when the key does not exist).
+pub fn waiting(c: &mut Connection, key: &str) -> i64 {
+    match info(c, key) {
+        None => 0,
+        Some(m) => match m.get("waiting") {
+            Some(Value::Int(i)) => *i,
+            other => panic!("waiting: {other:?}"),
+        },
+    }
+}
+
+/// The client id of a connection.
+pub fn client_id(c: &mut Connection) -> i64 {
+    int(c, &["CLIENT", "ID"])
+}
