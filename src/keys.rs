@@ -5,6 +5,9 @@
 //! follow-up work is the same everywhere: hand granted waiters their replies, count and notify,
 //! delete the key when the lock is empty, otherwise set the key's Redis expiry to the last
 //! holder's and arm the timer for the first.
+//!
+//! The one import cycle of the crate starts here, on purpose: a commit arms a timer
+//! (`timers::arm`), and a timer that fires commits through this file again (`timers::fire`).
 
 use redis_module::{Context, RedisError, RedisString};
 

@@ -11,6 +11,9 @@
 //! due and re-arms, which is cheaper than stopping and recreating a timer on every extend.
 //! Timers are not persisted or replicated; a loaded or moved value is re-armed when its key
 //! is settled. Replicas never arm timers: the master sends them the expiry.
+//!
+//! This file and `keys` import each other: that is the domain's recursion (a commit arms a
+//! timer, a timer firing commits), and the only import cycle of the crate.
 
 use std::time::Duration;
 

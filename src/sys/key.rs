@@ -2,6 +2,7 @@
 //! not give: absolute expiry, and typed access to the values of one [`ValueType`].
 
 use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
 use std::ptr;
 
 use redis_module::{raw, Context, RedisString};
@@ -21,7 +22,9 @@ pub enum KeyKind {
 /// An open key, typed by the data type whose values it may hand out.
 pub struct RawKey<H: TypeHandler> {
     key: *mut raw::RedisModuleKey,
-    ty: &'static ValueType<H>,
+    /// The registered type's handle, read once at open (it is behind a RefCell in the type).
+    ty: *mut raw::RedisModuleType,
+    _values: PhantomData<fn() -> H>,
 }
 
 impl<H: TypeHandler> RawKey<H> {
@@ -36,7 +39,11 @@ impl<H: TypeHandler> RawKey<H> {
         let key = unsafe {
             raw::RedisModule_OpenKey.map_or(ptr::null_mut(), |f| f(ctx.ctx, name.inner, mode))
         };
-        RawKey { key, ty }
+        RawKey {
+            key,
+            ty: ty.raw(),
+            _values: PhantomData,
+        }
     }
 
     pub fn kind(&self) -> KeyKind {
@@ -51,7 +58,7 @@ impl<H: TypeHandler> RawKey<H> {
         // SAFETY: as above; GetType returns NULL for keys that are not module types.
         let mt =
             unsafe { raw::RedisModule_ModuleTypeGetType.map_or(ptr::null_mut(), |f| f(self.key)) };
-        if t == raw::REDISMODULE_KEYTYPE_MODULE && mt == self.ty.raw() {
+        if t == raw::REDISMODULE_KEYTYPE_MODULE && mt == self.ty {
             KeyKind::Value
         } else {
             KeyKind::Other
@@ -78,9 +85,9 @@ impl<H: TypeHandler> RawKey<H> {
     pub fn set_value(&mut self, value: Box<H::Value>) -> bool {
         let p = Box::into_raw(value) as *mut c_void;
         // SAFETY: the key is open for writing; on success Redis takes ownership of p.
-        let ok = unsafe {
-            raw::RedisModule_ModuleTypeSetValue.map_or(1, |f| f(self.key, self.ty.raw(), p))
-        } == 0;
+        let ok =
+            unsafe { raw::RedisModule_ModuleTypeSetValue.map_or(1, |f| f(self.key, self.ty, p)) }
+                == 0;
         if !ok {
             // SAFETY: Redis refused the pointer, so it is still ours to free.
             drop(unsafe { Box::from_raw(p as *mut H::Value) });
