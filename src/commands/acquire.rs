@@ -13,7 +13,7 @@ use crate::sys::commands::Command;
 use crate::sys::context;
 use crate::{blocking, settle, stats, waiters};
 
-use super::args::slices;
+use super::common::split_key;
 
 /// LOCK.ACQUIRE key owner ttl [WAIT timeout]
 pub struct Acquire;
@@ -36,11 +36,8 @@ impl Command for RwRead {
 }
 
 fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResult {
-    let [_, key_arg, rest @ ..] = args else {
-        return Err(RedisError::WrongArity);
-    };
+    let (key_arg, rest) = split_key(args)?;
     let key = key_arg.as_slice();
-    let rest = slices(rest);
     let req = parse::acquire(&rest).map_err(arg_error)?;
     let db = context::selected_db(ctx);
     settle::run_for(ctx, db, key);

@@ -3,7 +3,7 @@
 //! it declares the command, its documentation, key spec and ACL categories in one go.
 
 mod acquire;
-mod args;
+mod common;
 #[cfg(feature = "test-hooks")]
 pub mod debug;
 mod extend;

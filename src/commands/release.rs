@@ -5,12 +5,9 @@ use redis_lock_core::parse;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{arg_error, NOT_OWNER};
-use crate::keys::LockKey;
-use crate::settle;
 use crate::sys::commands::Command;
-use crate::sys::context;
 
-use super::args::slices;
+use super::common::{open_held, split_key};
 
 /// LOCK.RELEASE key owner [ALL]
 pub struct Release;
@@ -18,18 +15,9 @@ pub struct Release;
 impl Command for Release {
     const NAME: &'static str = "LOCK.RELEASE";
     fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-        let [_, key_arg, rest @ ..] = &args[..] else {
-            return Err(RedisError::WrongArity);
-        };
-        let key = key_arg.as_slice();
-        let rest = slices(rest);
-        let rest = &rest[..];
-        let (owner, all) = parse::release(rest).map_err(arg_error)?;
-        settle::run_for(ctx, context::selected_db(ctx), key);
-        let mut lock_key = LockKey::open_arg(ctx, key_arg);
-        if lock_key.existing()?.is_none() {
-            return Err(RedisError::Str(NOT_OWNER));
-        }
+        let (key, rest) = split_key(&args)?;
+        let (owner, all) = parse::release(&rest).map_err(arg_error)?;
+        let mut lock_key = open_held(ctx, key)?;
         let remaining = lock_key
             .apply(|lock, step| lock.release(owner, all, step))
             .ok_or(RedisError::Str(NOT_OWNER))?

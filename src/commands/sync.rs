@@ -10,7 +10,7 @@ use crate::sys::commands::Command;
 use crate::sys::context;
 use crate::{settle, stats};
 
-use super::args::slices;
+use super::common::slices;
 
 /// LOCK.SYNC key owner state (internal: replication and AOF).
 pub struct Sync;
