@@ -6,7 +6,7 @@ use redis_module::Context;
 use crate::sys::events::{EventHandler, ServerEvent};
 use crate::sys::scan::for_each_key_of;
 use crate::value::LOCK_TYPE;
-use crate::{settle, waiters};
+use crate::{settle, stats, waiters};
 
 /// The module's [`EventHandler`].
 pub struct Events;
@@ -24,11 +24,18 @@ impl EventHandler for Events {
                 settle::on_swapdb(first, second);
                 for_each_key_of(ctx, &LOCK_TYPE, &[first, second], settle::mark_dirty);
             }
-            // Loaded keys get their timers and expiry once loading is done.
-            ServerEvent::LoadingEnded => settle::schedule(),
+            // Loaded keys get their timers and expiry once loading is done; tokens continue
+            // above the clock's floor, whatever the loaded file missed.
+            ServerEvent::LoadingEnded => {
+                stats::raise_fences_to_clock();
+                settle::schedule();
+            }
             ServerEvent::ClientClosing { client_id } => waiters::note_closing(client_id),
-            // A replica arms no timers: a promoted one needs them for every lock key now.
+            // A replica arms no timers: a promoted one needs them for every lock key now. Its
+            // tokens jump above the clock's floor, so they are above anything the previous
+            // master issued, replicated to this server or not.
             ServerEvent::BecameMaster => {
+                stats::raise_fences_to_clock();
                 for_each_key_of(ctx, &LOCK_TYPE, &[], settle::mark_dirty);
             }
         }

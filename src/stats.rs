@@ -13,6 +13,17 @@ pub fn last_token() -> u64 {
     with_fences(|f| f.last())
 }
 
+/// Jumps the fencing counter to the wall-clock floor (`redis_lock_core::FLOOR_SHIFT`): at
+/// load, when loading ends and on promotion, so this server's next tokens are above every
+/// token an earlier incarnation of it, or a previous master, issued, whether or not those
+/// grants reached the RDB, the AOF or this replica. The assumption: the clocks of the servers
+/// involved differ by less than the time since the previous master last started or was
+/// promoted.
+pub fn raise_fences_to_clock() {
+    let now = crate::sys::context::now_ms();
+    with_fences(|f| f.raise_to_floor(now));
+}
+
 /// The current-value figures one lock contributes to INFO: recomputed after each change and
 /// applied as a difference, so the totals never need a scan of the keyspace.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -67,9 +67,24 @@ pub struct FenceCounter {
     last: u64,
 }
 
-/// Tokens are replied as RESP integers (signed 64-bit), so they stop there. At one grant per
-/// nanosecond that is 292 years away; the counter saturates rather than wrapping.
+/// Tokens are replied as RESP integers (signed 64-bit), so they stop there; the counter
+/// saturates rather than wrapping. With the wall-clock floor below, that is reached in the year
+/// 2248 (Unix ms 2^43).
 pub const MAX_TOKEN: u64 = i64::MAX as u64;
+
+/// How many tokens one millisecond of wall-clock time is worth, as a power of two: the floor
+/// at time `t` (Unix ms) is `t << FLOOR_SHIFT`. An instance that jumps to its floor at start
+/// and then issues fewer than 2^20 tokens per millisecond on average (a Redis thread does a
+/// few hundred) stays below the floor of any later start, whatever it managed to save or
+/// replicate.
+pub const FLOOR_SHIFT: u32 = 20;
+
+/// The wall-clock floor for tokens at Unix time `now_ms` (see [`FLOOR_SHIFT`]).
+pub fn token_floor(now_ms: Millis) -> u64 {
+    now_ms
+        .checked_mul(1 << FLOOR_SHIFT)
+        .map_or(MAX_TOKEN, |f| f.min(MAX_TOKEN))
+}
 
 impl FenceCounter {
     /// A counter that has issued nothing yet (usable in `const` contexts).
@@ -91,6 +106,13 @@ impl FenceCounter {
     /// Makes sure later tokens are above `token` (one issued elsewhere, e.g. by a master).
     pub fn observe(&mut self, token: u64) {
         self.last = self.last.max(token.min(MAX_TOKEN));
+    }
+
+    /// Jumps to the wall-clock floor of `now_ms` (never back): called when an instance starts
+    /// or is promoted, so its tokens are above everything an earlier incarnation or a previous
+    /// master issued, saved or not (see [`FLOOR_SHIFT`]).
+    pub fn raise_to_floor(&mut self, now_ms: Millis) {
+        self.observe(token_floor(now_ms));
     }
 }
 

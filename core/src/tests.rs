@@ -415,3 +415,30 @@ fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
         );
     }
 }
+
+#[test]
+fn the_token_floor_follows_the_clock_and_never_lowers_the_counter() {
+    // 2026-11-23 in Unix ms: about 2^60.7 once shifted, below 2^63.
+    let now: Millis = 1_795_000_000_000;
+    assert_eq!(token_floor(now), now << FLOOR_SHIFT);
+    assert!(token_floor(now) < MAX_TOKEN);
+    assert!(token_floor(now + 1) > token_floor(now));
+    // Far in the future the floor saturates at the largest token rather than wrapping.
+    assert_eq!(token_floor(u64::MAX), MAX_TOKEN);
+    assert_eq!(token_floor(1 << 43), MAX_TOKEN);
+
+    let mut fences = FenceCounter::default();
+    fences.raise_to_floor(now);
+    let first = fences.issue();
+    assert_eq!(first, token_floor(now) + 1);
+    // An incarnation that issued a million tokens after its jump is still below the floor of
+    // a restart one millisecond later...
+    for _ in 0..1_000_000 {
+        fences.issue();
+    }
+    assert!(fences.last() < token_floor(now + 1));
+    // ...and a floor from an earlier clock never lowers the counter.
+    let before = fences.last();
+    fences.raise_to_floor(now - 10_000);
+    assert_eq!(fences.last(), before);
+}
