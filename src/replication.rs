@@ -1,21 +1,15 @@
 //! What reaches replicas and the AOF: effects, never decisions.
 //!
 //! Every change to a holder is propagated as one internal command that states the holder's
-//! absolute state after the change:
+//! absolute state after the change: `LOCK.SYNC key owner state`, where `state` packs
+//! `count mode expires_at token fence counter` into one argument (the encoding is
+//! `redis_lock_core::sync`; applying it is `commands/sync.rs`).
 //!
-//! `LOCK.SYNC key owner "count mode expires_at token fence counter"`
-//!
-//! (the six numbers and the mode in one space-separated argument: Redis builds an object per
-//! argument before it knows whether anything consumes propagation, so fewer arguments are
-//! measurably cheaper).
-//!
-//! `count` 0 removes the owner (release, expiry, a rolled-back grant); otherwise the owner holds
-//! the lock in `mode` (`write` or `read`) until the absolute Unix time `expires_at` (ms) with
-//! fencing token `token`; `fence` is the key's last granted token and `counter` the module-wide
-//! fencing counter (so it survives even when the key that got the last token is gone).
-//! Applying it needs no clock
-//! and no queue, so a replica or an AOF replay ends in the master's state, and every token it
-//! sees raises its fencing counter, which keeps tokens increasing after a promotion.
+//! `count` 0 removes the owner (release, expiry, a rolled-back grant); `fence` is the key's
+//! last granted token and `counter` the module-wide fencing counter (so it survives even when
+//! the key that got the last token is gone). Applying it needs no clock and no queue, so a
+//! replica or an AOF replay ends in the master's state, and every token it sees raises its
+//! fencing counter.
 //! `LOCK.SYNC` is refused from ordinary clients: only the replication link and AOF loading may
 //! send it. An AOF rewrite emits one `LOCK.SYNC` per holder.
 

@@ -676,3 +676,43 @@ fn the_server_wide_waiter_bound_is_enforced() {
         thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "tw2", "w", "1000", "WAIT", "100"]));
     assert!(matches!(late.join().unwrap(), Ok(Value::Nil)));
 }
+
+/// AOF files written before the binary LOCK.SYNC state carry the text form
+/// (`count mode expires_at token fence counter`): they still load.
+#[test]
+fn an_aof_with_the_text_sync_state_of_earlier_versions_still_loads() {
+    let mut server = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "current", "me", "600000"]);
+    server.signal("KILL");
+    wait_until("the server is dead", || !server.alive());
+    let dir = server.dir.join("appendonlydir");
+    let incr = std::fs::read_dir(&dir)
+        .expect("appendonlydir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("an incr AOF file");
+    let expires_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + 600_000;
+    let state = format!("2 read {expires_at} 7 7 9");
+    let mut aof = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&incr)
+        .expect("open aof");
+    use std::io::Write;
+    aof.write_all(&resp(&["SELECT", "0"])).expect("write");
+    aof.write_all(&resp(&["LOCK.SYNC", "legacy", "old-owner", &state]))
+        .expect("write");
+    drop(aof);
+    server.crash_and_restart();
+    let mut c = server.client();
+    assert_eq!(
+        holders(&mut c, "legacy"),
+        vec![("old-owner".to_string(), 2)]
+    );
+    assert_eq!(info_int(&mut c, "legacy", "fence"), 7);
+    assert_eq!(holders(&mut c, "current"), vec![("me".to_string(), 1)]);
+}

@@ -75,8 +75,16 @@ fn sigkill_with_appendfsync_everysec_right_after_grants_continues_above_them() {
     drop(file);
     server.crash_and_restart();
     let mut c = server.client();
-    assert_eq!(int(&mut c, &["EXISTS", "early:0"]), 1, "the synced part was loaded");
-    assert_eq!(int(&mut c, &["EXISTS", "late:0"]), 0, "the lost tail is gone");
+    assert_eq!(
+        int(&mut c, &["EXISTS", "early:0"]),
+        1,
+        "the synced part was loaded"
+    );
+    assert_eq!(
+        int(&mut c, &["EXISTS", "late:0"]),
+        0,
+        "the lost tail is gone"
+    );
     let next = next_token(&mut c, "late:0");
     assert!(next > max, "token {next} after the restart, {max} before");
 }
@@ -93,7 +101,11 @@ fn a_restart_from_an_rdb_older_than_the_last_grants_continues_above_them() {
     server.crash_and_restart();
     let mut c = server.client();
     assert_eq!(int(&mut c, &["EXISTS", "saved:0"]), 1, "the RDB was loaded");
-    assert_eq!(int(&mut c, &["EXISTS", "lost:0"]), 0, "the later grants were lost");
+    assert_eq!(
+        int(&mut c, &["EXISTS", "lost:0"]),
+        0,
+        "the later grants were lost"
+    );
     let next = next_token(&mut c, "lost:0");
     assert!(next > max, "token {next} after the restart, {max} before");
 }
@@ -126,10 +138,17 @@ fn a_promoted_replica_that_missed_the_last_grants_continues_above_them() {
     drop(master);
     replica.signal("CONT");
     let mut r = replica.client();
-    assert_eq!(int(&mut r, &["EXISTS", "missed:0"]), 0, "the replica missed them");
+    assert_eq!(
+        int(&mut r, &["EXISTS", "missed:0"]),
+        0,
+        "the replica missed them"
+    );
     query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
     for key in ["missed:0", "seen:0-new", "other"] {
         let next = next_token(&mut r, key);
-        assert!(next > max, "{key}: token {next} after failover, {max} before");
+        assert!(
+            next > max,
+            "{key}: token {next} after failover, {max} before"
+        );
     }
 }
