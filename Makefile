@@ -76,6 +76,7 @@ fuzz:
 	cd fuzz && $(CARGO) fuzz run --sanitizer none parse_args -- -max_total_time=$(FUZZ_SECONDS)
 
 lint: deps
+	python3 scripts/import-graph.py
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features test-hooks -- -D warnings
