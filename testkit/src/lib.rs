@@ -1,10 +1,11 @@
 //! Test kit for redis-lock: a real redis-server with the module loaded, on a free loopback port,
 //! killed when the handle drops (no mocks); helpers for commands, `LOCK.INFO`, `INFO` sections
-//! and blocked waiters. Used by the integration tests (tests/), the client's tests and the
-//! benchmark's server launcher.
+//! and blocked waiters; Sentinels (same binary, without the module) for failover tests. Used by
+//! the integration tests (tests/), the client's tests and the benchmark's server launcher.
 
 mod commands;
 mod info;
+mod sentinel;
 mod server;
 mod waiter;
 
@@ -14,6 +15,7 @@ pub use redis::{Connection, Value};
 
 pub use commands::*;
 pub use info::*;
+pub use sentinel::*;
 pub use server::*;
 pub use waiter::*;
 
@@ -30,4 +32,20 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
     panic!("timed out waiting for: {what}");
+}
+
+/// Polls `cond` every 50 ms until it holds, for up to `bound` (for slow events such as a
+/// Sentinel or Cluster failover); returns how long it took, or `Err` with that time when it
+/// never held, so the caller can add what it knows to the failure message.
+pub fn poll_within(bound: Duration, mut cond: impl FnMut() -> bool) -> Result<Duration, Duration> {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() >= bound {
+            return Err(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

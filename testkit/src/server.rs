@@ -52,7 +52,19 @@ pub fn taskset_available() -> bool {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-fn free_port() -> Result<u16, String> {
+/// A fresh, empty temporary directory named `<prefix>-<pid>-<sequence>`.
+pub(crate) fn fresh_temp_dir(prefix: &str) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+pub(crate) fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
