@@ -194,6 +194,9 @@ fn lock_sync_is_refused_from_clients() {
         &["LOCK.SYNC", "k", "o", "1 write 99999999999999 5 5 5"],
     );
     assert!(e.contains("internal"), "{e}");
+    // A malformed state gets the same refusal: a client learns nothing about the format.
+    let e = err(&mut c, &["LOCK.SYNC", "k", "o", "garbage"]);
+    assert!(e.contains("internal"), "{e}");
     assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
 }
 

@@ -26,11 +26,13 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     let [_, key, rest @ ..] = args else {
         return Err(RedisError::WrongArity);
     };
-    let sync = parse_sync(rest).map_err(arg_error)?;
+    // Refused from ordinary clients whatever they send: the state's format is nobody's
+    // business but the master's.
     let flags = ctx.get_flags();
     if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
         return Err(RedisError::Str(SYNC_IS_INTERNAL));
     }
+    let sync = parse_sync(rest).map_err(arg_error)?;
     let mut lock_key = LockKey::open(ctx, key);
     lock_key.set_replicate(false);
     match (&sync.holder, lock_key.existing()?) {
