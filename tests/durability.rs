@@ -200,14 +200,6 @@ fn lock_sync_is_refused_from_clients() {
     assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
 }
 
-fn wait_for_link(replica: &mut Connection) {
-    wait_until("replica linked", || {
-        info_section(replica, "replication")
-            .get("master_link_status")
-            .is_some_and(|s| s == "up")
-    });
-}
-
 fn replicate(master: &mut Connection) {
     let acked = int(master, &["WAIT", "1", "5000"]);
     assert_eq!(acked, 1, "replica did not acknowledge");

@@ -11,7 +11,6 @@
 //! to the floor only at load and at the end of loading would fail these tests.
 
 use std::collections::{HashMap, HashSet};
-use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
@@ -19,18 +18,6 @@ use redis_lock_testkit::*;
 
 /// How long a failover may take on a loaded 2-core machine (it takes a few seconds).
 const FAILOVER_BOUND: Duration = Duration::from_secs(30);
-
-/// Grants `n` fresh locks (and one reader) and returns the largest token replied.
-fn grant_many(c: &mut Connection, prefix: &str, n: usize) -> i64 {
-    let mut max = 0;
-    for i in 0..n {
-        let key = format!("{prefix}:{i}");
-        max = max.max(int(c, &["LOCK.ACQUIRE", &key, "owner", "600000"]));
-    }
-    let shared = format!("{prefix}:shared");
-    max = max.max(int(c, &["LOCK.RWREAD", &shared, "reader", "600000"]));
-    max
-}
 
 fn acquire(c: &mut Connection, key: &str, owner: &str) -> i64 {
     int(c, &["LOCK.ACQUIRE", key, owner, "600000"])
@@ -50,17 +37,9 @@ fn release(c: &mut Connection, key: &str, owner: &str) {
     check_release(key, query(c, &["LOCK.RELEASE", key, owner]));
 }
 
-/// A new connection to `port`, or None while the server is unreachable.
-fn try_connect(port: u16) -> Option<Connection> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
-    let c = client.get_connection().ok()?;
-    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    Some(c)
-}
-
 /// `INFO replication` of the server on `port` says `role:master` (false when unreachable).
 fn is_master(port: u16) -> bool {
-    let Some(mut c) = try_connect(port) else {
+    let Some(mut c) = connect(port) else {
         return false;
     };
     match query(&mut c, &["INFO", "replication"]) {
@@ -69,14 +48,6 @@ fn is_master(port: u16) -> bool {
             .is_some_and(|r| r == "master"),
         _ => false,
     }
-}
-
-fn wait_for_link(replica: &mut Connection) {
-    wait_until("replica linked", || {
-        info_section(replica, "replication")
-            .get("master_link_status")
-            .is_some_and(|s| s == "up")
-    });
 }
 
 /// The last `n` lines of a log file.
@@ -118,7 +89,7 @@ fn sentinel_table(c: &mut Connection, words: &[&str]) -> Vec<HashMap<String, Str
 /// The sentinel sees the replica on `replica_port` healthy and linked to its master, and
 /// knows the other two sentinels: what it needs before it can fail over to that replica.
 fn sentinel_ready(sentinel: &Sentinel, replica_port: u16) -> bool {
-    let Some(mut c) = try_connect(sentinel.port) else {
+    let Some(mut c) = connect(sentinel.port) else {
         return false;
     };
     let replica_ok = sentinel_table(&mut c, &["SENTINEL", "REPLICAS", "m"])
@@ -133,7 +104,7 @@ fn sentinel_ready(sentinel: &Sentinel, replica_port: u16) -> bool {
 
 /// The port `SENTINEL get-master-addr-by-name m` names on this sentinel.
 fn master_port_by_sentinel(sentinel: &Sentinel) -> Option<u16> {
-    let mut c = try_connect(sentinel.port)?;
+    let mut c = connect(sentinel.port)?;
     match query(&mut c, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"]) {
         Ok(Value::Array(addr)) if addr.len() == 2 => text(&addr[1]).parse().ok(),
         _ => None,
@@ -273,7 +244,7 @@ impl NodeLine {
 }
 
 fn cluster_nodes_text(port: u16) -> Option<String> {
-    let mut c = try_connect(port)?;
+    let mut c = connect(port)?;
     match query(&mut c, &["CLUSTER", "NODES"]) {
         Ok(Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).to_string()),
         Ok(Value::VerbatimString { text, .. }) => Some(text),
@@ -310,44 +281,9 @@ fn cluster_nodes(port: u16) -> Vec<NodeLine> {
         .collect()
 }
 
-fn cluster_state_ok(port: u16) -> bool {
-    let Some(mut c) = try_connect(port) else {
-        return false;
-    };
-    match query(&mut c, &["CLUSTER", "INFO"]) {
-        Ok(Value::BulkString(b)) => parse_info(&String::from_utf8_lossy(&b))
-            .get("cluster_state")
-            .is_some_and(|s| s == "ok"),
-        Ok(Value::VerbatimString { text, .. }) => parse_info(&text)
-            .get("cluster_state")
-            .is_some_and(|s| s == "ok"),
-        _ => false,
-    }
-}
-
-/// Sends `words` to the node on `port`, following MOVED redirects (at most 3); returns the
-/// node that answered and its reply.
-fn follow(mut port: u16, words: &[&str]) -> (u16, redis::RedisResult<Value>) {
-    for _ in 0..3 {
-        let mut c = try_connect(port).unwrap_or_else(|| panic!("node {port} unreachable"));
-        match query(&mut c, words) {
-            Err(e) if e.code() == Some("MOVED") => {
-                port = e
-                    .detail()
-                    .and_then(|d| d.split(' ').nth(1))
-                    .and_then(|target| target.rsplit(':').next())
-                    .and_then(|p| p.parse().ok())
-                    .expect("MOVED target");
-            }
-            other => return (port, other),
-        }
-    }
-    panic!("redirect loop for {words:?}");
-}
-
 /// A token from the node owning `words[1]`, reached from `start`; returns (node, token).
 fn follow_int(start: u16, words: &[&str]) -> (u16, i64) {
-    match follow(start, words) {
+    match follow_moved(start, words) {
         (port, Ok(Value::Int(t))) => (port, t),
         (port, other) => panic!("{words:?} on {port}: expected an integer, got {other:?}"),
     }
@@ -393,22 +329,7 @@ fn a_cluster_replica_that_missed_the_last_grants_takes_over_above_them() {
             ])
         })
         .collect();
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let out = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addrs)
-        .args(["--cluster-replicas", "1", "--cluster-yes"])
-        .output()
-        .expect("redis-cli --cluster create");
-    assert!(
-        out.status.success(),
-        "redis-cli --cluster create: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    create_cluster(&nodes, 1).unwrap_or_else(|e| panic!("{e}"));
     // Every node sees 3 masters with slots and 3 healthy replicas, the cluster is ok, and
     // every replica's link is up.
     let ready = poll_within(FAILOVER_BOUND, || {
@@ -423,7 +344,7 @@ fn a_cluster_replica_that_missed_the_last_grants_takes_over_above_them() {
                 .filter(|l| l.is("slave") && l.master.is_some() && !l.failing())
                 .count();
             let linked = !view.iter().any(|l| l.is("myself") && l.is("slave"))
-                || try_connect(n.port).is_some_and(|mut c| {
+                || connect(n.port).is_some_and(|mut c| {
                     info_section(&mut c, "replication")
                         .get("master_link_status")
                         .is_some_and(|s| s == "up")
@@ -535,7 +456,7 @@ fn a_cluster_replica_that_missed_the_last_grants_takes_over_above_them() {
         let shared = format!("{{{key}}}:missed:shared");
         let fresh = format!("{{{key}}}:fresh");
         for k in [key, &missed, &shared, &fresh] {
-            let (port, reply) = follow(other, &["LOCK.RELEASE", k, "owner"]);
+            let (port, reply) = follow_moved(other, &["LOCK.RELEASE", k, "owner"]);
             check_release(k, reply);
             assert_eq!(port, r_port, "{k} routes to the promoted replica");
             let (_, next) = follow_int(other, &["LOCK.ACQUIRE", k, "after", "600000"]);
@@ -550,7 +471,7 @@ fn a_cluster_replica_that_missed_the_last_grants_takes_over_above_them() {
     let mut others_checked = HashSet::new();
     for key in keys.iter().filter(|k| owner_of[*k] != a_port) {
         let before = max_of[&owner_of[key]];
-        let (_, reply) = follow(other, &["LOCK.RELEASE", key, "owner"]);
+        let (_, reply) = follow_moved(other, &["LOCK.RELEASE", key, "owner"]);
         check_release(key, reply);
         let (port, next) = follow_int(other, &["LOCK.ACQUIRE", key, "after", "600000"]);
         assert_eq!(port, owner_of[key], "{key} stays on its master");

@@ -7,18 +7,6 @@ use std::time::Duration;
 
 use redis_lock_testkit::*;
 
-/// Grants `n` fresh locks (and one reentry, one reader) and returns the largest token replied.
-fn grant_many(c: &mut Connection, prefix: &str, n: usize) -> i64 {
-    let mut max = 0;
-    for i in 0..n {
-        let key = format!("{prefix}:{i}");
-        max = max.max(int(c, &["LOCK.ACQUIRE", &key, "owner", "600000"]));
-    }
-    let shared = format!("{prefix}:shared");
-    max = max.max(int(c, &["LOCK.RWREAD", &shared, "reader", "600000"]));
-    max
-}
-
 fn next_token(c: &mut Connection, key: &str) -> i64 {
     int(c, &["LOCK.ACQUIRE", key, "after", "600000"])
 }
@@ -108,14 +96,6 @@ fn a_restart_from_an_rdb_older_than_the_last_grants_continues_above_them() {
     );
     let next = next_token(&mut c, "lost:0");
     assert!(next > max, "token {next} after the restart, {max} before");
-}
-
-fn wait_for_link(replica: &mut Connection) {
-    wait_until("replica linked", || {
-        info_section(replica, "replication")
-            .get("master_link_status")
-            .is_some_and(|s| s == "up")
-    });
 }
 
 #[test]

@@ -112,3 +112,16 @@ pub fn waiting(c: &mut Connection, key: &str) -> i64 {
 pub fn client_id(c: &mut Connection) -> i64 {
     int(c, &["CLIENT", "ID"])
 }
+
+/// Grants `n` fresh locks `{prefix}:{i}` (owner `owner`, 10 minutes) and one read lock
+/// `{prefix}:shared`, and returns the largest token replied.
+pub fn grant_many(c: &mut Connection, prefix: &str, n: usize) -> i64 {
+    let mut max = 0;
+    for i in 0..n {
+        let key = format!("{prefix}:{i}");
+        max = max.max(int(c, &["LOCK.ACQUIRE", &key, "owner", "600000"]));
+    }
+    let shared = format!("{prefix}:shared");
+    max = max.max(int(c, &["LOCK.RWREAD", &shared, "reader", "600000"]));
+    max
+}

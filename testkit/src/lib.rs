@@ -1,12 +1,14 @@
 //! Test kit for redis-lock: a real redis-server with the module loaded, on a free loopback port,
 //! killed when the handle drops (no mocks); helpers for commands, `LOCK.INFO`, `INFO` sections
-//! and blocked waiters; Sentinels (same binary, without the module) for failover tests. Used by
+//! and blocked waiters; Sentinels (same binary, without the module), replication links and
+//! Redis Cluster creation and routing for failover tests. Used by
 //! the integration tests (tests/), the client's tests and the benchmark's server launcher.
 
 mod commands;
 mod info;
 mod sentinel;
 mod server;
+mod topology;
 mod waiter;
 
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ pub use commands::*;
 pub use info::*;
 pub use sentinel::*;
 pub use server::*;
+pub use topology::*;
 pub use waiter::*;
 
 /// Generous bound for "eventually" conditions on a shared 2-core machine.

@@ -1,0 +1,88 @@
+//! Several servers together: replication links, Redis Cluster creation and routing.
+
+use std::process::Command;
+use std::time::Duration;
+
+use redis::{Connection, Value};
+
+use crate::commands::query;
+use crate::info::{info_section, parse_info};
+use crate::server::Server;
+use crate::wait_until;
+
+/// A new connection to the server on `port` with a 5 s read timeout, or `None` while it is
+/// unreachable (a node being killed or failed over).
+pub fn connect(port: u16) -> Option<Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let c = client.get_connection().ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    Some(c)
+}
+
+/// Waits until the replica's link to its master is up.
+pub fn wait_for_link(replica: &mut Connection) {
+    wait_until("replica linked", || {
+        info_section(replica, "replication")
+            .get("master_link_status")
+            .is_some_and(|s| s == "up")
+    });
+}
+
+/// Makes a cluster of `nodes` (started with `--cluster-enabled yes`) with `redis-cli
+/// --cluster create`, `replicas` replicas per master.
+pub fn create_cluster(nodes: &[Server], replicas: u32) -> Result<(), String> {
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+        .output()
+        .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "redis-cli --cluster create: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// `CLUSTER INFO` of the node on `port` says `cluster_state:ok` (false when unreachable).
+pub fn cluster_state_ok(port: u16) -> bool {
+    let Some(mut c) = connect(port) else {
+        return false;
+    };
+    let text = match query(&mut c, &["CLUSTER", "INFO"]) {
+        Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).to_string(),
+        Ok(Value::VerbatimString { text, .. }) => text,
+        _ => return false,
+    };
+    parse_info(&text)
+        .get("cluster_state")
+        .is_some_and(|s| s == "ok")
+}
+
+/// Sends `words` to the node on `port`, following MOVED redirects (at most 3); returns the
+/// node that answered and its reply.
+pub fn follow_moved(mut port: u16, words: &[&str]) -> (u16, redis::RedisResult<Value>) {
+    for _ in 0..3 {
+        let mut c = connect(port).unwrap_or_else(|| panic!("node {port} unreachable"));
+        match query(&mut c, words) {
+            Err(e) if e.code() == Some("MOVED") => {
+                port = e
+                    .detail()
+                    .and_then(|d| d.split(' ').nth(1))
+                    .and_then(|target| target.rsplit(':').next())
+                    .and_then(|p| p.parse().ok())
+                    .expect("MOVED target");
+            }
+            other => return (port, other),
+        }
+    }
+    panic!("redirect loop for {words:?}");
+}
