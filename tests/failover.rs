@@ -42,12 +42,8 @@ fn is_master(port: u16) -> bool {
     let Some(mut c) = connect(port) else {
         return false;
     };
-    match query(&mut c, &["INFO", "replication"]) {
-        Ok(Value::BulkString(b)) => parse_info(&String::from_utf8_lossy(&b))
-            .get("role")
-            .is_some_and(|r| r == "master"),
-        _ => false,
-    }
+    text_reply(query(&mut c, &["INFO", "replication"]))
+        .is_some_and(|text| parse_info(&text).get("role").is_some_and(|r| r == "master"))
 }
 
 /// The last `n` lines of a log file.
@@ -245,11 +241,7 @@ impl NodeLine {
 
 fn cluster_nodes_text(port: u16) -> Option<String> {
     let mut c = connect(port)?;
-    match query(&mut c, &["CLUSTER", "NODES"]) {
-        Ok(Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).to_string()),
-        Ok(Value::VerbatimString { text, .. }) => Some(text),
-        _ => None,
-    }
+    text_reply(query(&mut c, &["CLUSTER", "NODES"]))
 }
 
 fn cluster_nodes(port: u16) -> Vec<NodeLine> {

@@ -3,11 +3,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::Connection;
 
-use crate::server::{free_port, fresh_temp_dir};
+use crate::server::{await_ping, free_port, fresh_temp_dir};
 use crate::{server_binary, PATIENCE};
 
 /// A sentinel process: the same binary as the servers ([`server_binary`], so `valkey-server`
@@ -85,7 +85,7 @@ fn spawn<S: AsRef<str>>(port: u16, dir: &Path, lines: &[S]) -> Result<Child, Str
     }
     std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
     let binary = server_binary();
-    let mut child = Command::new(&binary)
+    let child = Command::new(&binary)
         .arg(&conf)
         .arg("--sentinel")
         .current_dir(dir)
@@ -93,23 +93,7 @@ fn spawn<S: AsRef<str>>(port: u16, dir: &Path, lines: &[S]) -> Result<Child, Str
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start {binary} --sentinel: {e}"))?;
-    let deadline = Instant::now() + PATIENCE;
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("exited: {status}"));
-        }
-        if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
-            if let Ok(mut c) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return Ok(child);
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    Err(format!("no PING reply within {PATIENCE:?}"))
+    await_ping(child, port, PATIENCE)
 }
 
 impl Drop for Sentinel {

@@ -228,7 +228,7 @@ impl ServerBuilder {
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let mut child = cmd.spawn().map_err(|e| {
+        let child = cmd.spawn().map_err(|e| {
             SpawnError::Fatal(format!(
                 "cannot start {} ({e}; is it installed? `make test` installs redis-server, \
                  `make test-valkey` valkey-server)",
@@ -240,25 +240,7 @@ impl ServerBuilder {
         } else {
             PATIENCE
         };
-        let deadline = Instant::now() + patience;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(SpawnError::Retry(format!("exited: {status}")));
-            }
-            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
-                if let Ok(mut c) = client.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return Ok(child);
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        Err(SpawnError::Retry(format!(
-            "no PING reply within {patience:?}"
-        )))
+        await_ping(child, port, patience).map_err(SpawnError::Retry)
     }
 }
 
@@ -349,4 +331,26 @@ impl Drop for Server {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Waits until the process started on `port` answers PING (loading done), for up to
+/// `patience`; kills it and says why when it exits first or never answers.
+pub(crate) fn await_ping(mut child: Child, port: u16, patience: Duration) -> Result<Child, String> {
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited: {status}"));
+        }
+        if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
+            if let Ok(mut c) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return Ok(child);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(format!("no PING reply within {patience:?}"))
 }

@@ -57,14 +57,21 @@ pub fn cluster_state_ok(port: u16) -> bool {
     let Some(mut c) = connect(port) else {
         return false;
     };
-    let text = match query(&mut c, &["CLUSTER", "INFO"]) {
-        Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).to_string(),
-        Ok(Value::VerbatimString { text, .. }) => text,
-        _ => return false,
+    let Some(text) = text_reply(query(&mut c, &["CLUSTER", "INFO"])) else {
+        return false;
     };
     parse_info(&text)
         .get("cluster_state")
         .is_some_and(|s| s == "ok")
+}
+
+/// The text of a bulk (RESP2) or verbatim (RESP3) string reply, as INFO-like commands send.
+pub fn text_reply(reply: redis::RedisResult<Value>) -> Option<String> {
+    match reply {
+        Ok(Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).to_string()),
+        Ok(Value::VerbatimString { text, .. }) => Some(text),
+        _ => None,
+    }
 }
 
 /// Sends `words` to the node on `port`, following MOVED redirects (at most 3); returns the
