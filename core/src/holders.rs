@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{Millis, Mode};
+use super::{HoldOptions, Millis, Mode};
 
 /// One owner's hold on a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +20,44 @@ pub struct Holder {
     pub expires_at: Millis,
     /// Fencing token handed out when this hold began.
     pub token: u64,
+    /// BIND and LOCKDELAY, as the hold was created with them.
+    pub options: PackedOptions,
+}
+
+impl Holder {
+    /// When this hold's lock-delay would end if it expired now-due: its expiry plus its delay
+    /// for an exclusive hold with LOCKDELAY, its expiry otherwise.
+    pub fn expiry_with_delay(&self) -> Millis {
+        match self.mode {
+            Mode::Write => self
+                .expires_at
+                .saturating_add(self.options.get().lock_delay),
+            Mode::Read => self.expires_at,
+        }
+    }
+}
+
+/// [`HoldOptions`] in 8 bytes: a hold without options (nearly all of them) allocates nothing,
+/// and a lock value stays within one allocator size class.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackedOptions(Option<Box<HoldOptions>>);
+
+impl PackedOptions {
+    pub fn new(options: HoldOptions) -> Self {
+        if options == HoldOptions::default() {
+            PackedOptions(None)
+        } else {
+            PackedOptions(Some(Box::new(options)))
+        }
+    }
+
+    pub fn get(&self) -> HoldOptions {
+        self.0.as_deref().copied().unwrap_or_default()
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -32,11 +70,16 @@ struct Indexed {
 enum Repr {
     #[default]
     Empty,
+    /// Nobody holds the lock and nobody may be granted it before this absolute time: the
+    /// lock-delay of an exclusive hold that ended without a release. Kept here, in the space
+    /// the one-holder case needs anyway, because a delay only exists while there is no holder.
+    Delayed(Millis),
     One(Box<[u8]>, Holder),
     Many(Box<Indexed>),
 }
 
-/// All holders of one lock. Invariant: every holder has the same mode.
+/// All holders of one lock, or (when there are none) the end of a pending lock-delay.
+/// Invariant: every holder has the same mode.
 #[derive(Clone, Debug, Default)]
 pub struct HolderSet {
     repr: Repr,
@@ -45,19 +88,39 @@ pub struct HolderSet {
 impl HolderSet {
     pub fn len(&self) -> usize {
         match &self.repr {
-            Repr::Empty => 0,
+            Repr::Empty | Repr::Delayed(_) => 0,
             Repr::One(..) => 1,
             Repr::Many(m) => m.by_owner.len(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        matches!(self.repr, Repr::Empty)
+        matches!(self.repr, Repr::Empty | Repr::Delayed(_))
+    }
+
+    /// The end of the pending lock-delay, 0 when there is none.
+    pub fn delay_until(&self) -> Millis {
+        match self.repr {
+            Repr::Delayed(until) => until,
+            _ => 0,
+        }
+    }
+
+    /// Sets (or with 0 clears) the lock-delay. Only an empty set carries one: on a set with
+    /// holders this does nothing.
+    pub fn set_delay_until(&mut self, until: Millis) {
+        if self.is_empty() {
+            self.repr = if until == 0 {
+                Repr::Empty
+            } else {
+                Repr::Delayed(until)
+            };
+        }
     }
 
     pub fn get(&self, owner: &[u8]) -> Option<&Holder> {
         match &self.repr {
-            Repr::Empty => None,
+            Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(o, h) => (**o == *owner).then_some(h),
             Repr::Many(m) => m.by_owner.get(owner),
         }
@@ -66,7 +129,7 @@ impl HolderSet {
     /// The mode the lock is held in, or `None` when nobody holds it.
     pub fn mode(&self) -> Option<Mode> {
         match &self.repr {
-            Repr::Empty => None,
+            Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(_, h) => Some(h.mode),
             Repr::Many(m) => m.by_owner.values().next().map(|h| h.mode),
         }
@@ -74,16 +137,17 @@ impl HolderSet {
 
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&[u8], &Holder)> + '_> {
         match &self.repr {
-            Repr::Empty => Box::new(std::iter::empty()),
+            Repr::Empty | Repr::Delayed(_) => Box::new(std::iter::empty()),
             Repr::One(o, h) => Box::new(std::iter::once((&**o, h))),
             Repr::Many(m) => Box::new(m.by_owner.iter().map(|(o, h)| (&**o, h))),
         }
     }
 
-    /// Adds a new holder; the caller has checked that `owner` holds nothing yet.
+    /// Adds a new holder (ending any lock-delay); the caller has checked that `owner` holds
+    /// nothing yet.
     pub fn insert(&mut self, owner: &[u8], holder: Holder) {
         match std::mem::take(&mut self.repr) {
-            Repr::Empty => self.repr = Repr::One(owner.into(), holder),
+            Repr::Empty | Repr::Delayed(_) => self.repr = Repr::One(owner.into(), holder),
             Repr::One(o, h) => {
                 let mut m = Indexed::default();
                 m.by_expiry.insert((h.expires_at, o.clone()));
@@ -104,6 +168,10 @@ impl HolderSet {
     pub fn remove(&mut self, owner: &[u8]) -> Option<Holder> {
         match std::mem::take(&mut self.repr) {
             Repr::Empty => None,
+            Repr::Delayed(until) => {
+                self.repr = Repr::Delayed(until);
+                None
+            }
             Repr::One(o, h) => {
                 if *o == *owner {
                     Some(h)
@@ -142,7 +210,7 @@ impl HolderSet {
     /// hold the lock.
     pub fn update(&mut self, owner: &[u8], count: u64, expires_at: Millis) -> Option<&Holder> {
         match &mut self.repr {
-            Repr::Empty => None,
+            Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(o, h) => {
                 if **o != *owner {
                     return None;
@@ -169,17 +237,18 @@ impl HolderSet {
     /// The earliest expiry among the holders.
     pub fn earliest_expiry(&self) -> Option<Millis> {
         match &self.repr {
-            Repr::Empty => None,
+            Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(_, h) => Some(h.expires_at),
             Repr::Many(m) => m.by_expiry.first().map(|(t, _)| *t),
         }
     }
 
-    /// The latest expiry among the holders: the key's Redis expiry.
+    /// The latest expiry among the holders, an exclusive holder's lock-delay included: the
+    /// key's Redis expiry. (Readers have no lock-delay, so the expiry index is enough for them.)
     pub fn latest_expiry(&self) -> Option<Millis> {
         match &self.repr {
-            Repr::Empty => None,
-            Repr::One(_, h) => Some(h.expires_at),
+            Repr::Empty | Repr::Delayed(_) => None,
+            Repr::One(_, h) => Some(h.expiry_with_delay()),
             Repr::Many(m) => m.by_expiry.last().map(|(t, _)| *t),
         }
     }
@@ -190,7 +259,7 @@ impl HolderSet {
             return None;
         }
         match std::mem::take(&mut self.repr) {
-            Repr::Empty => None,
+            Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(o, h) => Some((o, h)),
             Repr::Many(mut m) => {
                 let popped = m
@@ -205,9 +274,16 @@ impl HolderSet {
 
     /// Bytes of heap owned by this set, for MEMORY USAGE (an estimate).
     pub fn heap_size(&self) -> usize {
+        let options = |h: &Holder| {
+            if h.options.is_none() {
+                0
+            } else {
+                std::mem::size_of::<HoldOptions>()
+            }
+        };
         match &self.repr {
-            Repr::Empty => 0,
-            Repr::One(o, _) => o.len(),
+            Repr::Empty | Repr::Delayed(_) => 0,
+            Repr::One(o, h) => o.len() + options(h),
             Repr::Many(m) => {
                 let per_entry = std::mem::size_of::<(Box<[u8]>, Holder)>() + 1;
                 let per_index = std::mem::size_of::<(Millis, Box<[u8]>)>();
@@ -217,6 +293,7 @@ impl HolderSet {
                         .keys()
                         .map(|o| 2 * o.len() + per_index)
                         .sum::<usize>()
+                    + m.by_owner.values().map(options).sum::<usize>()
             }
         }
     }

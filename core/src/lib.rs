@@ -27,7 +27,7 @@ pub mod reference;
 #[cfg(test)]
 mod tests;
 
-pub use holders::{Holder, HolderSet};
+pub use holders::{Holder, HolderSet, PackedOptions};
 pub use queue::{WaitQueue, Waiter};
 
 /// Milliseconds: a duration or an absolute Unix time, as Redis's `mstime()`.
@@ -53,6 +53,27 @@ impl Mode {
             Mode::Read => "read",
         }
     }
+}
+
+/// What a hold is created with besides its mode and TTL (`BIND`, `LOCKDELAY`). A re-entry
+/// never changes them: a hold keeps the options it began with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HoldOptions {
+    /// The connection the hold is bound to: the hold ends when it closes ([`Lock::end_bound`]).
+    /// Connection ids are the server's; the core only compares them.
+    pub bound_to: Option<u64>,
+    /// For an exclusive hold: when it ends other than by release (expiry, its connection
+    /// closing), nobody is granted the lock for this many ms after.
+    pub lock_delay: Millis,
+}
+
+/// One request for a lock: who, how, for how long, with what options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub owner: &'a [u8],
+    pub mode: Mode,
+    pub ttl: Millis,
+    pub options: HoldOptions,
 }
 
 /// Identifies one queued client. Ids are issued in arrival order, so they order the queue.
@@ -131,6 +152,14 @@ pub enum Event {
     },
     /// A holder's expiry passed and it was dropped.
     Expired { owner: Box<[u8]>, mode: Mode },
+    /// A bound holder's connection closed (or the server lost it: restart, promotion) and
+    /// the hold was dropped.
+    Disconnected { owner: Box<[u8]>, mode: Mode },
+    /// A lock-delay began (`until` is its end) after an exclusive hold ended without a
+    /// release.
+    DelayStarted { until: Millis },
+    /// A pending lock-delay ended.
+    DelayEnded,
     /// The operation itself created, changed or ended `owner`'s hold (a direct grant, a
     /// re-entry, a release, an extend): its new state must reach replicas.
     Updated { owner: Box<[u8]> },
@@ -225,23 +254,37 @@ impl Lock {
         self.fence
     }
 
-    /// True when nobody holds the lock and nobody waits: the key should go away.
+    /// True when nobody holds the lock, nobody waits and no lock-delay is pending: the key
+    /// should go away.
     pub fn is_empty(&self) -> bool {
-        self.holders.is_empty() && self.queue.is_empty()
+        self.holders.is_empty() && self.queue.is_empty() && self.delay_until() == 0
     }
 
-    /// When the next holder expires: the time the expiry timer must fire.
+    /// The end of the pending lock-delay (absolute ms), 0 when none is pending. A delay whose
+    /// end has passed stays recorded until the next operation with a clock ends it.
+    pub fn delay_until(&self) -> Millis {
+        self.holders.delay_until()
+    }
+
+    /// When the next holder expires or the lock-delay ends: the time the timer must fire.
     pub fn next_expiry(&self) -> Option<Millis> {
-        self.holders.earliest_expiry()
+        match self.delay_until() {
+            0 => self.holders.earliest_expiry(),
+            until => Some(until),
+        }
     }
 
-    /// When the last holder expires: the key's absolute Redis expiry.
+    /// When the last holder expires (plus its lock-delay), or the pending lock-delay ends: the
+    /// key's absolute Redis expiry, so that an expiry by Redis can never cut a delay short.
     pub fn last_expiry(&self) -> Option<Millis> {
-        self.holders.latest_expiry()
+        match self.delay_until() {
+            0 => self.holders.latest_expiry(),
+            until => Some(until),
+        }
     }
 
-    /// Asks for the lock in `mode` for `owner`, holding it `ttl` ms from the grant.
-    /// With `wait`, a request that cannot be granted now joins the queue under that id.
+    /// Asks for the lock in `mode` for `owner`, holding it `ttl` ms from the grant, with no
+    /// options (see [`Lock::request`]).
     pub fn acquire(
         &mut self,
         owner: &[u8],
@@ -250,6 +293,29 @@ impl Lock {
         wait: Option<WaiterId>,
         step: &mut Step<'_>,
     ) -> Acquired {
+        let req = Request {
+            owner,
+            mode,
+            ttl,
+            options: HoldOptions::default(),
+        };
+        self.request(req, wait, step)
+    }
+
+    /// Asks for the lock as `req` says. With `wait`, a request that cannot be granted now joins
+    /// the queue under that id. The options apply to a new hold only, never to a re-entry.
+    pub fn request(
+        &mut self,
+        req: Request<'_>,
+        wait: Option<WaiterId>,
+        step: &mut Step<'_>,
+    ) -> Acquired {
+        let Request {
+            owner,
+            mode,
+            ttl,
+            options,
+        } = req;
         self.expire(step);
         if let Some(held) = self.holders.get(owner) {
             // Re-entry: an exclusive holder may take either mode again (a read inside a write
@@ -270,7 +336,7 @@ impl Lock {
             return Acquired::Granted { token, count };
         }
         if self.queue.is_empty() && self.compatible(mode) {
-            let token = self.grant_new(owner, mode, ttl, step);
+            let token = self.grant_new(owner, mode, ttl, options, step);
             step.events.push(Event::Updated {
                 owner: owner.into(),
             });
@@ -284,6 +350,7 @@ impl Lock {
                         owner: owner.into(),
                         mode,
                         ttl,
+                        options,
                     },
                 );
                 Acquired::Queued
@@ -333,19 +400,69 @@ impl Lock {
         Ok(expires_at)
     }
 
-    /// Drops every holder whose expiry is at or before now, then serves the queue.
+    /// Drops every holder whose expiry is at or before now (an exclusive one with LOCKDELAY
+    /// leaves a delay that ends `lock_delay` ms after its expiry, not after now: a late timer
+    /// does not lengthen it), ends a lock-delay that is over, then serves the queue.
     pub fn expire(&mut self, step: &mut Step<'_>) {
-        let mut dropped = false;
+        let mut changed = false;
         while let Some((owner, holder)) = self.holders.pop_expired(step.now) {
-            step.events.push(Event::Expired {
-                owner,
-                mode: holder.mode,
-            });
-            dropped = true;
+            let delay = holder.options.get().lock_delay;
+            let mode = holder.mode;
+            step.events.push(Event::Expired { owner, mode });
+            if mode == Mode::Write && delay > 0 {
+                self.start_delay(holder.expires_at.saturating_add(delay), step);
+            }
+            changed = true;
         }
-        if dropped {
+        let until = self.delay_until();
+        if until != 0 && until <= step.now {
+            self.holders.set_delay_until(0);
+            step.events.push(Event::DelayEnded);
+            changed = true;
+        }
+        if changed {
             self.grant_waiters(step);
         }
+    }
+
+    /// Starts (or lengthens) the lock-delay; the lock has no holder at this point.
+    fn start_delay(&mut self, until: Millis, step: &mut Step<'_>) {
+        if until > self.delay_until() {
+            self.holders.set_delay_until(until);
+            step.events.push(Event::DelayStarted { until });
+        }
+    }
+
+    /// Ends every hold bound to a connection for which `gone` is true, as a release of all its
+    /// counts would, except that an exclusive hold with LOCKDELAY leaves a delay from now.
+    /// Then serves the queue. Called when connections close, and with `|_| true` when the
+    /// server starts or is promoted (its bound holds belong to connections it never had).
+    /// Returns how many holds ended.
+    pub fn end_bound(&mut self, gone: impl Fn(u64) -> bool, step: &mut Step<'_>) -> usize {
+        self.expire(step);
+        let ending: Vec<Box<[u8]>> = self
+            .holders
+            .iter()
+            .filter(|(_, h)| h.options.get().bound_to.is_some_and(&gone))
+            .map(|(o, _)| o.into())
+            .collect();
+        for owner in &ending {
+            let Some(holder) = self.holders.remove(owner) else {
+                continue;
+            };
+            let delay = holder.options.get().lock_delay;
+            step.events.push(Event::Disconnected {
+                owner: owner.clone(),
+                mode: holder.mode,
+            });
+            if holder.mode == Mode::Write && delay > 0 {
+                self.start_delay(step.now.saturating_add(delay), step);
+            }
+        }
+        if !ending.is_empty() {
+            self.grant_waiters(step);
+        }
+        ending.len()
     }
 
     /// Takes a waiter out of the queue (its timeout passed or its client went away) and
@@ -414,14 +531,24 @@ impl Lock {
         self.holders.remove(owner)
     }
 
+    /// Sets the pending lock-delay exactly (RDB load, replication; 0 clears it). A delay only
+    /// exists while nobody holds the lock: with holders this does nothing.
+    pub fn restore_delay(&mut self, until: Millis) {
+        self.holders.set_delay_until(until);
+    }
+
     /// Restores the last token granted on this lock (RDB load).
     pub fn restore_fence(&mut self, fence: u64, fences: &mut FenceCounter) {
         fences.observe(fence);
         self.fence = self.fence.max(fence.min(MAX_TOKEN));
     }
 
-    /// Can a new (non-reentrant) hold in `mode` be added to the current holders?
+    /// Can a new (non-reentrant) hold in `mode` be added to the current holders? Never while
+    /// a lock-delay is pending (callers have ended a delay that is over).
     fn compatible(&self, mode: Mode) -> bool {
+        if self.delay_until() != 0 {
+            return false;
+        }
         match self.holders.mode() {
             None => true,
             Some(held) => held == Mode::Read && mode == Mode::Read,
@@ -455,7 +582,7 @@ impl Lock {
                     (token, count)
                 }
                 None => (
-                    self.grant_new(&waiter.owner, waiter.mode, waiter.ttl, step),
+                    self.grant_new(&waiter.owner, waiter.mode, waiter.ttl, waiter.options, step),
                     1,
                 ),
             };
@@ -474,10 +601,21 @@ impl Lock {
         }
     }
 
-    /// Adds `owner` as a new holder with a fresh token.
-    fn grant_new(&mut self, owner: &[u8], mode: Mode, ttl: Millis, step: &mut Step<'_>) -> u64 {
+    /// Adds `owner` as a new holder with a fresh token. LOCKDELAY is kept for exclusive
+    /// holds only (parsing refuses it on shared requests; a shared hold has no use for it).
+    fn grant_new(
+        &mut self,
+        owner: &[u8],
+        mode: Mode,
+        ttl: Millis,
+        mut options: HoldOptions,
+        step: &mut Step<'_>,
+    ) -> u64 {
         let token = step.fences.issue();
         self.fence = token;
+        if mode == Mode::Read {
+            options.lock_delay = 0;
+        }
         self.holders.insert(
             owner,
             Holder {
@@ -485,6 +623,7 @@ impl Lock {
                 count: 1,
                 expires_at: step.now.saturating_add(ttl),
                 token,
+                options: PackedOptions::new(options),
             },
         );
         token

@@ -15,6 +15,10 @@ pub enum ArgError {
     TimeoutNotInteger,
     TimeoutRange,
     UnknownOption,
+    RepeatedOption,
+    LockDelayNotInteger,
+    LockDelayRange,
+    LockDelayNotExclusive,
     Syntax,
 }
 
@@ -30,35 +34,97 @@ impl ArgError {
                 "ERR timeout must be between 0 and 140737488355328 milliseconds"
             }
             ArgError::UnknownOption => "ERR unknown option",
+            ArgError::RepeatedOption => "ERR an option was given more than once",
+            ArgError::LockDelayNotInteger => "ERR lock-delay is not an integer or out of range",
+            ArgError::LockDelayRange => {
+                "ERR lock-delay must be between 0 and 140737488355328 milliseconds"
+            }
+            ArgError::LockDelayNotExclusive => {
+                "ERR LOCKDELAY applies to exclusive locks only (LOCK.ACQUIRE)"
+            }
             ArgError::Syntax => "ERR syntax error",
         }
     }
 }
 
 /// `LOCK.ACQUIRE` / `LOCK.RWREAD` arguments after the key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     pub owner: &'a [u8],
     pub ttl: Millis,
     /// `Some(0)` is WAIT 0: no time limit.
     pub wait: Option<Millis>,
+    /// BIND: the hold ends when the requesting connection closes.
+    pub bind: bool,
+    /// LOCKDELAY ms (0 when not given).
+    pub lock_delay: Millis,
 }
 
-/// Parses `owner ttl [WAIT timeout]`.
-pub fn acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, ArgError> {
-    let (owner, ttl, rest) = match args {
+/// Which request the options belong to: LOCKDELAY is for exclusive requests only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accepts {
+    /// LOCK.ACQUIRE: `[WAIT timeout] [BIND] [LOCKDELAY ms]`.
+    Exclusive,
+    /// LOCK.RWREAD (and semaphores): `[WAIT timeout] [BIND]`.
+    Shared,
+}
+
+/// Parses `owner ttl` and then the options in any order, each at most once, names
+/// case-insensitive. Everything is checked before anything is used.
+pub fn acquire<'a>(args: &[&'a [u8]], accepts: Accepts) -> Result<AcquireArgs<'a>, ArgError> {
+    let (owner, ttl, mut rest) = match args {
         [owner, ttl, rest @ ..] => (*owner, *ttl, rest),
         _ => return Err(ArgError::Arity),
     };
-    let owner = parse_owner(owner)?;
-    let ttl = parse_ttl(ttl)?;
-    let wait = match rest {
-        [] => None,
-        [opt, timeout] if opt.eq_ignore_ascii_case(b"WAIT") => Some(parse_timeout(timeout)?),
-        [opt, ..] if !opt.eq_ignore_ascii_case(b"WAIT") => return Err(ArgError::UnknownOption),
-        _ => return Err(ArgError::Syntax),
+    let mut parsed = AcquireArgs {
+        owner: parse_owner(owner)?,
+        ttl: parse_ttl(ttl)?,
+        ..AcquireArgs::default()
     };
-    Ok(AcquireArgs { owner, ttl, wait })
+    let (mut seen_wait, mut seen_bind, mut seen_delay) = (false, false, false);
+    while let [opt, tail @ ..] = rest {
+        let once = |seen: &mut bool| {
+            if std::mem::replace(seen, true) {
+                Err(ArgError::RepeatedOption)
+            } else {
+                Ok(())
+            }
+        };
+        if opt.eq_ignore_ascii_case(b"BIND") {
+            once(&mut seen_bind)?;
+            parsed.bind = true;
+            rest = tail;
+            continue;
+        }
+        let is_wait = opt.eq_ignore_ascii_case(b"WAIT");
+        let is_delay = opt.eq_ignore_ascii_case(b"LOCKDELAY");
+        if !is_wait && !is_delay {
+            return Err(ArgError::UnknownOption);
+        }
+        if is_delay && accepts == Accepts::Shared {
+            return Err(ArgError::LockDelayNotExclusive);
+        }
+        let [value, tail @ ..] = tail else {
+            return Err(ArgError::Syntax);
+        };
+        if is_wait {
+            once(&mut seen_wait)?;
+            parsed.wait = Some(parse_timeout(value)?);
+        } else {
+            once(&mut seen_delay)?;
+            parsed.lock_delay = parse_lock_delay(value)?;
+        }
+        rest = tail;
+    }
+    Ok(parsed)
+}
+
+fn parse_lock_delay(arg: &[u8]) -> Result<Millis, ArgError> {
+    let v = parse_i64(arg).ok_or(ArgError::LockDelayNotInteger)?;
+    match u64::try_from(v) {
+        Ok(ms) if ms <= MAX_DURATION => Ok(ms),
+        _ => Err(ArgError::LockDelayRange),
+    }
 }
 
 /// Parses `owner [ALL]` (LOCK.RELEASE). Returns the owner and whether ALL was given.
@@ -149,7 +215,13 @@ mod tests {
     fn acq(args: &[&str]) -> Result<(Vec<u8>, Millis, Option<Millis>), ArgError> {
         let owned = a(args);
         let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
-        acquire(&refs).map(|r| (r.owner.to_vec(), r.ttl, r.wait))
+        acquire(&refs, Accepts::Exclusive).map(|r| (r.owner.to_vec(), r.ttl, r.wait))
+    }
+
+    fn opts(args: &[&str], accepts: Accepts) -> Result<(Option<Millis>, bool, Millis), ArgError> {
+        let owned = a(args);
+        let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
+        acquire(&refs, accepts).map(|r| (r.wait, r.bind, r.lock_delay))
     }
 
     #[test]
@@ -220,7 +292,7 @@ mod tests {
         );
         assert_eq!(
             acq(&["me", "10", "WAIT", "1", "WAIT", "1"]),
-            Err(ArgError::Syntax)
+            Err(ArgError::RepeatedOption)
         );
         assert_eq!(
             acq(&["me", "10", "NOWAIT", "1"]),
@@ -228,6 +300,51 @@ mod tests {
         );
         assert_eq!(acq(&["me", "10", "FOO"]), Err(ArgError::UnknownOption));
         assert_eq!(acq(&["me"]), Err(ArgError::Arity));
+    }
+
+    #[test]
+    fn options_come_in_any_order_and_any_case() {
+        use Accepts::*;
+        assert_eq!(opts(&["me", "10"], Exclusive), Ok((None, false, 0)));
+        assert_eq!(
+            opts(&["me", "10", "bind", "LockDelay", "5", "WAIT", "7"], Exclusive),
+            Ok((Some(7), true, 5))
+        );
+        assert_eq!(
+            opts(&["me", "10", "LOCKDELAY", "140737488355328", "BIND"], Exclusive),
+            Ok((None, true, MAX_DURATION))
+        );
+        assert_eq!(
+            opts(&["me", "10", "LOCKDELAY", "0"], Exclusive),
+            Ok((None, false, 0))
+        );
+        assert_eq!(
+            opts(&["me", "10", "BIND", "WAIT", "0"], Shared),
+            Ok((Some(0), true, 0))
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        use Accepts::*;
+        let cases: &[(&[&str], Accepts, ArgError)] = &[
+            (&["BIND", "BIND"], Exclusive, ArgError::RepeatedOption),
+            (&["bind", "WAIT", "1", "BIND"], Shared, ArgError::RepeatedOption),
+            (&["LOCKDELAY", "1", "lockdelay", "2"], Exclusive, ArgError::RepeatedOption),
+            (&["LOCKDELAY"], Exclusive, ArgError::Syntax),
+            (&["BIND", "WAIT"], Exclusive, ArgError::Syntax),
+            (&["LOCKDELAY", "-1"], Exclusive, ArgError::LockDelayRange),
+            (&["LOCKDELAY", "140737488355329"], Exclusive, ArgError::LockDelayRange),
+            (&["LOCKDELAY", "1.5"], Exclusive, ArgError::LockDelayNotInteger),
+            (&["LOCKDELAY", "5"], Shared, ArgError::LockDelayNotExclusive),
+            (&["BIND", "NOW"], Exclusive, ArgError::UnknownOption),
+            (&["BIND", "1"], Exclusive, ArgError::UnknownOption),
+        ];
+        for (options, accepts, expected) in cases {
+            let mut args = vec!["me", "10"];
+            args.extend_from_slice(options);
+            assert_eq!(opts(&args, *accepts), Err(*expected), "{options:?}");
+        }
     }
 
     #[test]

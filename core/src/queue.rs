@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Millis, Mode, WaiterId};
+use super::{HoldOptions, Millis, Mode, WaiterId};
 
 /// A client queued for a lock: what it asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +16,8 @@ pub struct Waiter {
     pub mode: Mode,
     /// The TTL the hold gets when it is finally granted (counted from the grant).
     pub ttl: Millis,
+    /// BIND (the waiter's own connection) and LOCKDELAY for the hold it will get.
+    pub options: HoldOptions,
 }
 
 /// The queue of one lock. Most locks never have a waiter, so the map is allocated only while

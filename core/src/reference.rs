@@ -354,7 +354,10 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                     }
                 }
                 Event::Expired { owner, .. } => expiries.push(owner[1] - b'0'),
-                Event::Updated { .. } => {}
+                Event::Updated { .. }
+                | Event::Disconnected { .. }
+                | Event::DelayStarted { .. }
+                | Event::DelayEnded => {}
             }
         }
         if let Some(t) = direct_token {

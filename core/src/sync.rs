@@ -7,7 +7,12 @@
 //! `expires_at` (ms) with fencing token `token`; `fence` is the key's last granted token and
 //! `counter` the module-wide fencing counter.
 //!
-//! Two encodings of `state` are read:
+//! Three encodings of `state` are read; the first two are written:
+//! - binary version 2, only when the holder was created with BIND or LOCKDELAY or the key has
+//!   a lock-delay pending: the byte `0x02`, the 41 bytes of version 1 after its first byte,
+//!   then a flags byte (bit 0: the hold is bound), `bound_to` (the connection id on the
+//!   master), `lock_delay` and `delay_until` (the key's pending lock-delay, absolute ms, 0 for
+//!   none), 8 bytes each: 67 bytes;
 //! - binary (written since tokens are tied to the clock, see [`crate::FLOOR_SHIFT`]): the byte
 //!   `0x01`, then `count` (8 bytes, little-endian), `mode` (1 byte: 0 write, 1 read),
 //!   `expires_at`, `token`, `fence`, `counter` (8 bytes each): 42 bytes, which Redis keeps in
@@ -20,7 +25,10 @@
 //! here, [`crate::Lock::check_restorable`] against the holders already there).
 
 use crate::parse::ArgError;
-use crate::{check_holder, Holder, Mode, MAX_OWNER_LEN, MAX_TOKEN};
+use crate::{
+    check_holder, HoldOptions, Holder, Millis, Mode, PackedOptions, MAX_DURATION, MAX_OWNER_LEN,
+    MAX_TOKEN,
+};
 
 /// One parsed `LOCK.SYNC`.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,22 +38,27 @@ pub struct Sync<'a> {
     pub holder: Option<Holder>,
     pub fence: u64,
     pub counter: u64,
+    /// The key's pending lock-delay after this change (absolute ms, 0 for none).
+    pub delay_until: Millis,
 }
 
-/// The first byte of the binary encoding (a text state starts with a digit).
+/// The first byte of the binary encodings (a text state starts with a digit).
 const BINARY_V1: u8 = 0x01;
-/// Length of the binary encoding.
+const BINARY_V2: u8 = 0x02;
+/// Length of the binary encodings.
 const BINARY_LEN: usize = 1 + 8 + 1 + 8 * 4;
+const BINARY_V2_LEN: usize = BINARY_LEN + 1 + 8 * 3;
 
 /// The binary state argument of `LOCK.SYNC` (see the module docs), built on the stack: this
 /// runs for every holder a lock command changes.
 pub struct SyncState {
-    buf: [u8; BINARY_LEN],
+    buf: [u8; BINARY_V2_LEN],
+    len: usize,
 }
 
 impl SyncState {
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf
+        self.buf.get(..self.len).unwrap_or(&self.buf)
     }
 }
 
@@ -56,15 +69,19 @@ fn mode_byte(mode: Mode) -> u8 {
     }
 }
 
+/// The state of one owner after a change: its hold (`None` when it has none), the key's last
+/// token (`fence`), the module-wide counter and the key's pending lock-delay.
 pub fn sync_state(
-    count: u64,
-    mode: Mode,
-    expires_at: u64,
-    token: u64,
+    holder: Option<&Holder>,
     fence: u64,
     counter: u64,
+    delay_until: Millis,
 ) -> SyncState {
-    let mut buf = [0u8; BINARY_LEN];
+    let (count, mode, expires_at, token, options) = match holder {
+        Some(h) => (h.count, h.mode, h.expires_at, h.token, h.options.get()),
+        None => (0, Mode::Write, 0, 0, HoldOptions::default()),
+    };
+    let mut buf = [0u8; BINARY_V2_LEN];
     buf[0] = BINARY_V1;
     buf[1..9].copy_from_slice(&count.to_le_bytes());
     buf[9] = mode_byte(mode);
@@ -72,35 +89,89 @@ pub fn sync_state(
         let at = 10 + 8 * i;
         buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
     }
-    SyncState { buf }
+    if options == HoldOptions::default() && delay_until == 0 {
+        return SyncState {
+            buf,
+            len: BINARY_LEN,
+        };
+    }
+    buf[0] = BINARY_V2;
+    buf[BINARY_LEN] = u8::from(options.bound_to.is_some());
+    let extra = [options.bound_to.unwrap_or(0), options.lock_delay, delay_until];
+    for (i, v) in extra.into_iter().enumerate() {
+        let at = BINARY_LEN + 1 + 8 * i;
+        buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    SyncState {
+        buf,
+        len: BINARY_V2_LEN,
+    }
 }
 
-/// The six values of a state, in either encoding.
-fn decode(state: &[u8]) -> Result<(u64, Mode, u64, u64, u64, u64), ArgError> {
+/// The values of a state, in any encoding.
+struct Decoded {
+    count: u64,
+    mode: Mode,
+    expires_at: u64,
+    token: u64,
+    fence: u64,
+    counter: u64,
+    options: HoldOptions,
+    delay_until: Millis,
+}
+
+fn decode(state: &[u8]) -> Result<Decoded, ArgError> {
+    let u64_at = |at: usize| -> Result<u64, ArgError> {
+        state
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or(ArgError::Syntax)
+    };
+    if state.first() == Some(&BINARY_V2) {
+        if state.len() != BINARY_V2_LEN {
+            return Err(ArgError::Syntax);
+        }
+        let bound = match state.get(BINARY_LEN) {
+            Some(0) => false,
+            Some(1) => true,
+            _ => return Err(ArgError::Syntax),
+        };
+        let bound_to = u64_at(BINARY_LEN + 1)?;
+        let lock_delay = u64_at(BINARY_LEN + 9)?;
+        let delay_until = u64_at(BINARY_LEN + 17)?;
+        if lock_delay > MAX_DURATION {
+            return Err(ArgError::Syntax);
+        }
+        let mut v1 = state.get(..BINARY_LEN).ok_or(ArgError::Syntax)?.to_vec();
+        v1[0] = BINARY_V1;
+        let mut decoded = decode(&v1)?;
+        decoded.options = HoldOptions {
+            bound_to: bound.then_some(bound_to),
+            lock_delay,
+        };
+        decoded.delay_until = delay_until;
+        return Ok(decoded);
+    }
     if state.first() == Some(&BINARY_V1) {
         if state.len() != BINARY_LEN {
             return Err(ArgError::Syntax);
         }
-        let u64_at = |at: usize| -> Result<u64, ArgError> {
-            state
-                .get(at..at + 8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map(u64::from_le_bytes)
-                .ok_or(ArgError::Syntax)
-        };
         let mode = match state.get(9) {
             Some(0) => Mode::Write,
             Some(1) => Mode::Read,
             _ => return Err(ArgError::Syntax),
         };
-        return Ok((
-            u64_at(1)?,
+        return Ok(Decoded {
+            count: u64_at(1)?,
             mode,
-            u64_at(10)?,
-            u64_at(18)?,
-            u64_at(26)?,
-            u64_at(34)?,
-        ));
+            expires_at: u64_at(10)?,
+            token: u64_at(18)?,
+            fence: u64_at(26)?,
+            counter: u64_at(34)?,
+            options: HoldOptions::default(),
+            delay_until: 0,
+        });
     }
     let fields: Vec<&[u8]> = state.split(|b| *b == b' ').collect();
     let [count, mode, expires_at, token, fence, counter] = fields[..] else {
@@ -116,14 +187,16 @@ fn decode(state: &[u8]) -> Result<(u64, Mode, u64, u64, u64, u64), ArgError> {
         b"read" => Mode::Read,
         _ => return Err(ArgError::Syntax),
     };
-    Ok((
-        number(count)?,
+    Ok(Decoded {
+        count: number(count)?,
         mode,
-        number(expires_at)?,
-        number(token)?,
-        number(fence)?,
-        number(counter)?,
-    ))
+        expires_at: number(expires_at)?,
+        token: number(token)?,
+        fence: number(fence)?,
+        counter: number(counter)?,
+        options: HoldOptions::default(),
+        delay_until: 0,
+    })
 }
 
 /// Parses `owner state` (see the module docs).
@@ -134,12 +207,22 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
     if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
         return Err(ArgError::Owner);
     }
-    let (count, mode, expires_at, token, fence, counter) = decode(state)?;
-    let holder = (count > 0).then_some(Holder {
+    let Decoded {
+        count,
+        mode,
+        expires_at,
+        token,
+        fence,
+        counter,
+        options,
+        delay_until,
+    } = decode(state)?;
+    let holder = (count > 0).then(|| Holder {
         mode,
         count,
         expires_at,
         token,
+        options: PackedOptions::new(options),
     });
     // The same rules as an RDB load: a holder with a token that was never issued is refused.
     if let Some(h) = &holder {
@@ -153,6 +236,7 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
         holder,
         fence,
         counter,
+        delay_until,
     })
 }
 
@@ -173,12 +257,12 @@ mod tests {
         };
         lock.acquire(b"me", Mode::Read, 500, None, &mut step);
         let h = lock.holders().get(b"me").cloned().unwrap();
-        let state = sync_state(h.count, h.mode, h.expires_at, h.token, lock.fence(), 7);
+        let state = sync_state(Some(&h), lock.fence(), 7, 0);
         let sync = parse_sync(&[b"me", state.as_bytes()]).unwrap();
         assert_eq!(sync.owner, b"me");
         assert_eq!(sync.holder, Some(h));
         assert_eq!((sync.fence, sync.counter), (1, 7));
-        let gone = sync_state(0, Mode::Write, 0, 0, 1, 7);
+        let gone = sync_state(None, 1, 7, 0);
         assert_eq!(
             parse_sync(&[b"other", gone.as_bytes()]).unwrap().holder,
             None
@@ -188,17 +272,19 @@ mod tests {
     #[test]
     fn the_binary_state_is_42_bytes_and_round_trips_extreme_values() {
         for v in [0, 1, 255, 1 << 40, MAX_TOKEN] {
-            let state = sync_state(1, Mode::Read, u64::MAX, v.max(1), v, v);
+            let h = Holder {
+                mode: Mode::Read,
+                count: 1,
+                expires_at: u64::MAX,
+                token: v.max(1),
+                options: PackedOptions::default(),
+            };
+            let state = sync_state(Some(&h), v, v, 0);
             assert_eq!(state.as_bytes().len(), 42);
             let sync = parse_sync(&[b"o", state.as_bytes()]).unwrap();
             assert_eq!(
                 sync.holder,
-                Some(Holder {
-                    mode: Mode::Read,
-                    count: 1,
-                    expires_at: u64::MAX,
-                    token: v.max(1),
-                })
+                Some(h)
             );
             assert_eq!((sync.fence, sync.counter), (v, v));
         }
@@ -214,6 +300,7 @@ mod tests {
                 count: 2,
                 expires_at: 1_795_440_190_000,
                 token: 12,
+                options: PackedOptions::default(),
             })
         );
         assert_eq!((sync.fence, sync.counter), (12, 40));
@@ -223,13 +310,20 @@ mod tests {
 
     #[test]
     fn a_malformed_binary_state_is_refused() {
-        let good = sync_state(1, Mode::Write, 10, 1, 1, 3);
+        let holder = |token| Holder {
+            mode: Mode::Write,
+            count: 1,
+            expires_at: 10,
+            token,
+            options: PackedOptions::default(),
+        };
+        let good = sync_state(Some(&holder(1)), 1, 3, 0);
         let bytes = good.as_bytes();
         // Truncated, extended, an unknown mode byte, a token that was never issued.
         let mut bad_mode = bytes.to_vec();
         bad_mode[9] = 7;
-        let zero_token = sync_state(1, Mode::Write, 10, 0, 1, 3);
-        let big_fence = sync_state(0, Mode::Write, 0, 0, MAX_TOKEN + 1, 3);
+        let zero_token = sync_state(Some(&holder(0)), 1, 3, 0);
+        let big_fence = sync_state(None, MAX_TOKEN + 1, 3, 0);
         for bad in [
             &bytes[..41],
             &[bytes, &[0u8][..]].concat()[..],
@@ -262,5 +356,49 @@ mod tests {
         }
         assert_eq!(parse_sync(&[b"", ok]), Err(ArgError::Owner));
         assert_eq!(parse_sync(&[b"o"]), Err(ArgError::Arity));
+    }
+
+    #[test]
+    fn options_and_a_pending_delay_travel_in_version_2() {
+        let bound = Holder {
+            mode: Mode::Write,
+            count: 3,
+            expires_at: 5_000,
+            token: 9,
+            options: PackedOptions::new(HoldOptions {
+                bound_to: Some(0),
+                lock_delay: MAX_DURATION,
+            }),
+        };
+        let state = sync_state(Some(&bound), 9, 11, 0);
+        assert_eq!(state.as_bytes().len(), 67);
+        let sync = parse_sync(&[b"o", state.as_bytes()]).unwrap();
+        assert_eq!(sync.holder, Some(bound));
+        assert_eq!((sync.fence, sync.counter, sync.delay_until), (9, 11, 0));
+        let removal = sync_state(None, 9, 11, 123_456);
+        assert_eq!(removal.as_bytes().len(), 67);
+        let sync = parse_sync(&[b"o", removal.as_bytes()]).unwrap();
+        assert_eq!((sync.holder, sync.delay_until), (None, 123_456));
+        // Version 1 stays the form for everything without options.
+        assert_eq!(sync_state(None, 9, 11, 0).as_bytes().len(), 42);
+    }
+
+    #[test]
+    fn a_malformed_version_2_state_is_refused() {
+        let good = sync_state(None, 1, 3, 50);
+        let bytes = good.as_bytes();
+        let mut bad_flags = bytes.to_vec();
+        bad_flags[42] = 2;
+        let mut long_delay = bytes.to_vec();
+        long_delay[51..59].copy_from_slice(&(MAX_DURATION + 1).to_le_bytes());
+        for bad in [
+            &bytes[..66],
+            &bytes[..42],
+            &[bytes, &[0u8][..]].concat()[..],
+            &bad_flags[..],
+            &long_delay[..],
+        ] {
+            assert_eq!(parse_sync(&[b"o", bad]), Err(ArgError::Syntax), "{bad:?}");
+        }
     }
 }

@@ -58,7 +58,7 @@ impl Bench {
             .into_iter()
             .filter_map(|e| match e {
                 Event::Granted { waiter, .. } => Some(waiter.0),
-                Event::Expired { .. } | Event::Updated { .. } => None,
+                _ => None,
             })
             .collect()
     }
@@ -370,6 +370,7 @@ fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
         count,
         expires_at: 10_000,
         token,
+        options: Default::default(),
     };
     let mut fences = FenceCounter::default();
     let mut lock = Lock::new();
