@@ -1,12 +1,20 @@
 //! The module data type `redislock`: how a lock value is saved, loaded, rewritten into the
 //! AOF, digested, measured, copied and freed, and what happens when it leaves its key.
 //!
-//! RDB encoding, version 1 (waiters are connections and are never saved):
+//! RDB encoding, version 2 (waiters are connections and are never saved):
 //! `fence` (unsigned), `holder count` (unsigned), then per holder `owner` (string),
-//! `mode` (unsigned: 0 write, 1 read), `count`, `expires_at` (absolute Unix ms), `token`.
+//! `mode` (unsigned: 0 write, 1 read), `count`, `expires_at` (absolute Unix ms), `token`,
+//! `bound` (0, or 1 followed by the connection id), `lock_delay`; then `delay_until` (the
+//! pending lock-delay's end, absolute Unix ms, 0 for none).
+//! Version 1, written before BIND and LOCKDELAY, is version 2 without the per-holder `bound`
+//! and `lock_delay` and without `delay_until`; it is still read.
 //! The module-wide fencing counter is saved as aux data before the keys.
+//!
+//! Bound holds are saved with their connection id: a replica that loads its master's RDB keeps
+//! them (they end on promotion); a master that loads them ends them once loading is over
+//! (`events`), since their connections are gone.
 
-use redis_lock_core::{Holder, Lock, Mode};
+use redis_lock_core::{HoldOptions, Holder, Lock, Mode, PackedOptions, MAX_DURATION};
 
 use crate::sys::context::log_warning;
 use crate::sys::datatype::{AofWriter, Digest, RdbReader, RdbWriter, TypeHandler};
@@ -32,7 +40,17 @@ impl TypeHandler for LockType {
             rdb.unsigned(h.count);
             rdb.unsigned(h.expires_at);
             rdb.unsigned(h.token);
+            let options = h.options.get();
+            match options.bound_to {
+                Some(conn) => {
+                    rdb.unsigned(1);
+                    rdb.unsigned(conn);
+                }
+                None => rdb.unsigned(0),
+            }
+            rdb.unsigned(options.lock_delay);
         }
+        rdb.unsigned(value.lock.delay_until());
     }
 
     fn aof_rewrite(aof: &mut AofWriter<'_>, key: &[u8], value: &LockValue) {
@@ -84,12 +102,13 @@ impl TypeHandler for LockType {
 /// Reads a value in the RDB encoding; `None` (and a log line) on anything malformed, which
 /// makes Redis fail the load instead of starting with a corrupt lock.
 fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
-    if encver != ENCODING_VERSION {
+    if !(1..=ENCODING_VERSION).contains(&encver) {
         log_warning(&format!(
-            "lock module: cannot load lock encoding version {encver} (this build reads {ENCODING_VERSION})"
+            "lock module: cannot load lock encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
         ));
         return None;
     }
+    let with_options = encver >= 2;
     let result = (|| -> Result<LockValue, String> {
         let fence = rdb.unsigned()?;
         let n = rdb.unsigned()?;
@@ -106,6 +125,18 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
                 let count = rdb.unsigned()?;
                 let expires_at = rdb.unsigned()?;
                 let token = rdb.unsigned()?;
+                let mut options = HoldOptions::default();
+                if with_options {
+                    options.bound_to = match rdb.unsigned()? {
+                        0 => None,
+                        1 => Some(rdb.unsigned()?),
+                        b => return Err(format!("unknown bound flag {b}")),
+                    };
+                    options.lock_delay = rdb.unsigned()?;
+                    if options.lock_delay > MAX_DURATION {
+                        return Err("lock-delay out of range".into());
+                    }
+                }
                 if lock.holders().get(&owner).is_some() {
                     return Err("duplicate owner".into());
                 }
@@ -114,6 +145,7 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
                     count,
                     expires_at,
                     token,
+                    options: PackedOptions::new(options),
                 };
                 lock.check_restorable(&owner, &holder)
                     .map_err(|e| e.message().to_string())?;
@@ -121,6 +153,13 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
             }
             Ok(())
         })?;
+        if with_options {
+            let delay_until = rdb.unsigned()?;
+            if delay_until != 0 && !lock.holders().is_empty() {
+                return Err("a lock-delay beside holders".into());
+            }
+            lock.restore_delay(delay_until);
+        }
         Ok(LockValue::new(lock))
     })();
     match result {
@@ -133,20 +172,29 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
 }
 
 /// What DEBUG DIGEST covers (see [`LockType::digest`]).
-fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, [u64; 4])> {
-    let mut items: Vec<(Vec<u8>, [u64; 4])> = value
+fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, Vec<u64>)> {
+    let mut items: Vec<(Vec<u8>, Vec<u64>)> = value
         .lock
         .holders()
         .iter()
         .map(|(o, h)| {
-            (
-                o.to_vec(),
-                [mode_code(h.mode), h.count, h.expires_at, h.token],
-            )
+            let mut numbers = vec![mode_code(h.mode), h.count, h.expires_at, h.token];
+            // Options only when there are some, so values without them digest as before.
+            if !h.options.is_none() {
+                let options = h.options.get();
+                numbers.extend([
+                    options.bound_to.map_or(0, |c| c.saturating_add(1)),
+                    options.lock_delay,
+                ]);
+            }
+            (o.to_vec(), numbers)
         })
         .collect();
     items.sort();
-    items.push((b"fence".to_vec(), [value.lock.fence(), 0, 0, 0]));
+    items.push((b"fence".to_vec(), vec![value.lock.fence(), 0, 0, 0]));
+    if value.lock.delay_until() != 0 {
+        items.push((b"delay".to_vec(), vec![value.lock.delay_until()]));
+    }
     items
 }
 

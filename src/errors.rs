@@ -28,3 +28,6 @@ pub fn arg_error(e: ArgError) -> RedisError {
         other => RedisError::Str(other.message()),
     }
 }
+
+pub const BIND_IN_SCRIPT: &str =
+    "ERR BIND is not allowed in scripts and functions: their connection never closes";

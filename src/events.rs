@@ -1,12 +1,13 @@
 //! Where server events and keyspace notifications lead: almost all of them to settling keys
 //! whose waiters or timers Redis moved behind the module's back (`settle`).
 
-use redis_module::Context;
+use redis_module::{Context, ContextFlags};
 
+use crate::keys::LockKey;
 use crate::sys::events::{EventHandler, ServerEvent};
 use crate::sys::scan::for_each_key_of;
 use crate::value::LOCK_TYPE;
-use crate::{settle, stats, waiters};
+use crate::{bound, settle, stats, waiters};
 
 /// The module's [`EventHandler`].
 pub struct Events;
@@ -26,16 +27,28 @@ impl EventHandler for Events {
             }
             // Loaded keys get their timers and expiry once loading is done; tokens continue
             // above the clock's floor, whatever the loaded file missed.
+            // A master that loaded bound holds has none of their connections: they end.
             ServerEvent::LoadingEnded => {
                 stats::raise_fences_to_clock();
+                if ctx.get_flags().contains(ContextFlags::MASTER) {
+                    orphan_bound_holds(ctx);
+                }
                 settle::schedule();
             }
-            ServerEvent::ClientClosing { client_id } => waiters::note_closing(client_id),
+            // Its waits end in `blocking`; its bound holds when their keys are settled.
+            ServerEvent::ClientClosing { client_id } => {
+                waiters::note_closing(client_id);
+                for (db, key) in bound::on_closing(client_id) {
+                    settle::mark_dirty(db, &key);
+                }
+            }
             // A replica arms no timers: a promoted one needs them for every lock key now. Its
             // tokens jump above the clock's floor, so they are above anything the previous
             // master issued, replicated to this server or not.
+            // Bound holds replicated from the old master end: their connections were there.
             ServerEvent::BecameMaster => {
                 stats::raise_fences_to_clock();
+                orphan_bound_holds(ctx);
                 for_each_key_of(ctx, &LOCK_TYPE, &[], settle::mark_dirty);
             }
         }
@@ -48,4 +61,21 @@ impl EventHandler for Events {
             settle::mark_dirty(db, key);
         }
     }
+}
+
+/// Notes the connection of every bound hold in the keyspace as gone and marks its key for
+/// settling (after a restart or a promotion: see `bound`).
+fn orphan_bound_holds(ctx: &Context) {
+    // The scan calls back with each key's database selected.
+    for_each_key_of(ctx, &LOCK_TYPE, &[], |db, key| {
+        let mut lock_key = LockKey::open_read(ctx, key);
+        let Ok(Some(value)) = lock_key.existing() else {
+            return;
+        };
+        let conns = bound::connections(&value.lock);
+        if !conns.is_empty() {
+            bound::mark_gone(conns);
+            settle::mark_dirty(db, key);
+        }
+    });
 }

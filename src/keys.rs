@@ -16,7 +16,7 @@ use crate::stats::Gauges;
 use crate::sys::context;
 use crate::sys::key::{KeyKind, RawKey};
 use crate::value::{LockType, LockValue, LOCK_TYPE};
-use crate::{replication, stats, timers, waiters};
+use crate::{bound, replication, stats, timers, waiters};
 use redis_lock_core::{Event, Lock, Millis, Step};
 
 /// The key's name: the command's own argument when there is one (no copy), else a new string.
@@ -48,6 +48,11 @@ impl<'a> LockKey<'a> {
     /// Opens `name` for writing in the context's selected database.
     pub fn open(ctx: &'a Context, name: &[u8]) -> Self {
         Self::open_mode(ctx, Name::Owned(ctx.create_string(name)), true)
+    }
+
+    /// Opens `name` for reading only in the context's selected database.
+    pub fn open_read(ctx: &'a Context, name: &[u8]) -> Self {
+        Self::open_mode(ctx, Name::Owned(ctx.create_string(name)), false)
     }
 
     /// Opens the key a command names, for writing.
@@ -139,6 +144,7 @@ impl<'a> LockKey<'a> {
     /// expiry and timer. `before` is the lock's INFO figures before the change.
     fn commit(&mut self, events: Vec<Event>, before: Gauges) {
         let mut changed: Vec<Box<[u8]>> = Vec::with_capacity(events.len());
+        let mut delay_ended = false;
         for event in events {
             match event {
                 Event::Granted {
@@ -157,6 +163,13 @@ impl<'a> LockKey<'a> {
                     self.notify(c"lock.expire");
                     changed.push(owner);
                 }
+                Event::Disconnected { owner, .. } => {
+                    stats::count_disconnect();
+                    self.notify(c"lock.disconnect");
+                    changed.push(owner);
+                }
+                Event::DelayStarted { .. } => self.notify(c"lock.delay"),
+                Event::DelayEnded => delay_ended = true,
                 Event::Updated { owner } => changed.push(owner),
             }
         }
@@ -179,8 +192,27 @@ impl<'a> LockKey<'a> {
         }
         stats::update_gauges(before, Gauges::of(&value.lock));
         if value.lock.is_empty() {
+            // A lock-delay that ran out with nobody to serve left a key that no LOCK.SYNC
+            // removes: replicas delete it on the master's word, like any expired key.
+            if delay_ended && self.replicate {
+                context::replicate1(self.ctx, c"DEL", self.name.get().as_slice());
+            }
             self.raw.delete();
             return;
+        }
+        if self.replicate {
+            // Applying a master's LOCK.SYNC (replicate off) indexes nothing: a replica never
+            // ends bound holds on its own.
+            for owner in &changed {
+                if let Some(conn) = value
+                    .lock
+                    .holders()
+                    .get(owner)
+                    .and_then(|h| h.options.get().bound_to)
+                {
+                    bound::index(conn, self.db, self.name.get().as_slice());
+                }
+            }
         }
         let last: Option<Millis> = value.lock.last_expiry();
         timers::arm(self.ctx, self.db, self.name.get().as_slice(), value);

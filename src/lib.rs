@@ -21,6 +21,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod blocking;
+mod bound;
 mod commands;
 mod config;
 mod datatype;

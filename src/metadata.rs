@@ -62,18 +62,33 @@ const WAIT: ArgDoc = ArgDoc {
     optional: true,
 };
 
+const BIND: ArgDoc = ArgDoc {
+    name: "bind",
+    kind: ArgKind::PureToken,
+    token: Some("BIND"),
+    optional: true,
+};
+const LOCKDELAY: ArgDoc = ArgDoc {
+    name: "ms",
+    kind: ArgKind::Integer,
+    token: Some("LOCKDELAY"),
+    optional: true,
+};
+
 pub const ACQUIRE: CommandDoc = CommandDoc {
     name: "lock.acquire",
     arity: -4,
     flags: "write deny-oom blocking",
     access: KeyAccess::ReadWrite,
     summary: "Takes an exclusive lock for `ttl` ms; with WAIT, queues in FIFO order until \
-                  granted or `timeout` ms pass. Replies with the fencing token, or nil.",
+                  granted or `timeout` ms pass; BIND ends the hold when this connection closes; \
+                  LOCKDELAY keeps the lock from anyone for `ms` after the hold ends without a \
+                  release. Options in any order. Replies with the fencing token, or nil.",
     complexity: "O(log N) where N is the number of holders and waiters of the key",
     since: SINCE,
     acl_categories: "write slow blocking",
     in_module_category: true,
-    args: &[KEY, OWNER, TTL, WAIT],
+    args: &[KEY, OWNER, TTL, WAIT, BIND, LOCKDELAY],
 };
 
 pub const RWREAD: CommandDoc = CommandDoc {
@@ -82,12 +97,13 @@ pub const RWREAD: CommandDoc = CommandDoc {
     flags: "write deny-oom blocking",
     access: KeyAccess::ReadWrite,
     summary: "Takes a shared (read) lock for `ttl` ms; with WAIT, queues in FIFO order until \
-                  granted or `timeout` ms pass. Replies with the fencing token, or nil.",
+                  granted or `timeout` ms pass; BIND ends the hold when this connection closes. \
+                  Replies with the fencing token, or nil.",
     complexity: "O(log N) where N is the number of holders and waiters of the key",
     since: SINCE,
     acl_categories: "write slow blocking",
     in_module_category: true,
-    args: &[KEY, OWNER, TTL, WAIT],
+    args: &[KEY, OWNER, TTL, WAIT, BIND],
 };
 
 pub const RELEASE: CommandDoc = CommandDoc {

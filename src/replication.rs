@@ -2,8 +2,11 @@
 //!
 //! Every change to a holder is propagated as one internal command that states the holder's
 //! absolute state after the change: `LOCK.SYNC key owner state`, where `state` packs
-//! `count mode expires_at token fence counter` into one argument (the encoding is
-//! `redis_lock_core::sync`; applying it is `commands/sync.rs`).
+//! `count mode expires_at token fence counter`, and when there are any the hold's options
+//! (BIND's connection, LOCKDELAY) and the key's pending lock-delay, into one argument (the
+//! encoding is `redis_lock_core::sync`; applying it is `commands/sync.rs`). A bound hold keeps
+//! its master's connection id on replicas, where it is only a marker: a replica never ends a
+//! hold by itself, and ends them all when it is promoted (`bound`).
 //!
 //! `count` 0 removes the owner (release, expiry, a rolled-back grant); `fence` is the key's
 //! last granted token and `counter` the module-wide fencing counter (so it survives even when
@@ -14,7 +17,7 @@
 //! send it. An AOF rewrite emits one `LOCK.SYNC` per holder.
 
 use redis_lock_core::sync::sync_state;
-use redis_lock_core::{Lock, Mode};
+use redis_lock_core::Lock;
 use redis_module::Context;
 
 use crate::stats;
@@ -23,27 +26,31 @@ use crate::sys::datatype::AofWriter;
 
 /// Propagates `owner`'s state on `lock` to replicas and the AOF.
 pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
-    let (count, mode, expires_at, token) = match lock.holders().get(owner) {
-        Some(h) => (h.count, h.mode, h.expires_at, h.token),
-        None => (0, Mode::Write, 0, 0),
-    };
     let state = sync_state(
-        count,
-        mode,
-        expires_at,
-        token,
+        lock.holders().get(owner),
         lock.fence(),
         stats::last_token(),
+        lock.delay_until(),
     );
     context::replicate3(ctx, c"LOCK.SYNC", [key, owner, state.as_bytes()]);
 }
 
-/// AOF rewrite: one `LOCK.SYNC` per holder rebuilds the value.
+/// The owner named by the `LOCK.SYNC` that rewrites a key holding only a pending lock-delay:
+/// a removal of an owner that holds nothing, whose state carries the delay.
+pub const DELAY_ONLY_OWNER: &[u8] = b"lock-delay";
+
+/// AOF rewrite: one `LOCK.SYNC` per holder rebuilds the value; a key with no holder but a
+/// pending lock-delay is one removal that carries the delay.
 pub fn rewrite(aof: &mut AofWriter<'_>, key: &[u8], lock: &Lock) {
     let fence = lock.fence();
     let counter = stats::last_token();
+    let delay_until = lock.delay_until();
+    if lock.holders().is_empty() && delay_until != 0 {
+        let state = sync_state(None, fence, counter, delay_until);
+        aof.emit3(c"LOCK.SYNC", [key, DELAY_ONLY_OWNER, state.as_bytes()]);
+    }
     for (owner, h) in lock.holders().iter() {
-        let state = sync_state(h.count, h.mode, h.expires_at, h.token, fence, counter);
+        let state = sync_state(Some(h), fence, counter, delay_until);
         aof.emit3(c"LOCK.SYNC", [key, owner, state.as_bytes()]);
     }
 }

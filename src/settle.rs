@@ -10,7 +10,8 @@
 //! Settling a key: waiters that the registry says are queued on it but that its value does not
 //! list (the value was deleted or moved) rejoin in their arrival places, on a fresh lock if the
 //! key is now empty; queue entries that belong elsewhere are dropped; if the key now holds
-//! another type, its waiters get WRONGTYPE. Then the timer and expiry are brought up to date.
+//! another type, its waiters get WRONGTYPE. Bound holds of connections that have closed end
+//! (`bound`). Then the timer and expiry are brought up to date.
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use crate::state;
 use crate::sys::context;
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
-use crate::{stats, waiters};
+use crate::{bound, stats, waiters};
 use redis_lock_core::Lock;
 
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
@@ -94,6 +95,7 @@ pub fn run_all(ctx: &Context) {
     let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
         state::with_expired(|e| e.clear());
+        bound::forget_gone();
         return;
     }
     let original_db = context::selected_db(ctx);
@@ -103,6 +105,8 @@ pub fn run_all(ctx: &Context) {
         }
     }
     context::select_db(ctx, original_db);
+    // Every key of a closed connection was marked dirty when it closed, and is settled by now.
+    bound::forget_gone();
 }
 
 /// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.
@@ -145,6 +149,12 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
                 return;
             }
             lock_key.apply(|lock: &mut Lock, step| {
+                bound::end_gone(lock, step);
+                // A bound hold that arrived here under a new name (RENAME, MOVE, SWAPDB) is
+                // found here when its connection closes.
+                for conn in bound::connections(lock) {
+                    bound::index(conn, db, key);
+                }
                 lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
                 let missing = waiting
                     .into_iter()

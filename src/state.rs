@@ -5,7 +5,7 @@
 //! thread-local cells are enough; no borrow is ever held across a call into Redis.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use redis_lock_core::{FenceCounter, Waiter, WaiterId};
 
@@ -26,6 +26,11 @@ thread_local! {
     static EXPIRED: RefCell<Vec<(DbKey, u64)>> = const { RefCell::new(Vec::new()) };
     /// Is a settle pass scheduled?
     static SETTLE_SCHEDULED: Cell<bool> = const { Cell::new(false) };
+    /// Where each connection may have bound holds (`bound`): a hint, checked against the
+    /// value when used, so an entry left behind by a deleted or moved key costs a lookup only.
+    static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
+    /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
+    static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
     /// The module-wide source of fencing tokens (`stats`; persisted as RDB aux data).
     static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
     /// The INFO figures (`stats`).
@@ -46,6 +51,14 @@ pub fn set_closing(client_id: u64) {
 
 pub fn with_dirty<R>(f: impl FnOnce(&mut BTreeSet<DbKey>) -> R) -> R {
     DIRTY.with(|d| f(&mut d.borrow_mut()))
+}
+
+pub fn with_bound<R>(f: impl FnOnce(&mut HashMap<u64, BTreeSet<DbKey>>) -> R) -> R {
+    BOUND.with(|b| f(&mut b.borrow_mut()))
+}
+
+pub fn with_gone<R>(f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
+    GONE.with(|g| f(&mut g.borrow_mut()))
 }
 
 pub fn with_expired<R>(f: impl FnOnce(&mut Vec<(DbKey, u64)>) -> R) -> R {
@@ -145,6 +158,8 @@ pub struct Counters {
     pub grants: Cell<u64>,
     pub timeouts: Cell<u64>,
     pub expirations: Cell<u64>,
+    /// Bound holds ended because their connection closed (or the server lost it).
+    pub disconnects: Cell<u64>,
     pub locks_held: Cell<u64>,
     pub readers: Cell<u64>,
     pub writers: Cell<u64>,
@@ -157,6 +172,7 @@ impl Counters {
             grants: Cell::new(0),
             timeouts: Cell::new(0),
             expirations: Cell::new(0),
+            disconnects: Cell::new(0),
             locks_held: Cell::new(0),
             readers: Cell::new(0),
             writers: Cell::new(0),

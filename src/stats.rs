@@ -71,6 +71,10 @@ pub fn count_timeout() {
     with_counters(|c| bump(&c.timeouts, 1));
 }
 
+pub fn count_disconnect() {
+    with_counters(|c| bump(&c.disconnects, 1));
+}
+
 pub fn count_expirations(n: u64) {
     with_counters(|c| bump(&c.expirations, n));
 }
@@ -89,7 +93,7 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
 }
 
 /// The INFO figures, in the order SPEC.md names them.
-pub fn snapshot() -> [(&'static str, u64); 7] {
+pub fn snapshot() -> [(&'static str, u64); 8] {
     with_counters(|c| {
         [
             ("locks_held", c.locks_held.get()),
@@ -99,6 +103,7 @@ pub fn snapshot() -> [(&'static str, u64); 7] {
             ("grants_total", c.grants.get()),
             ("timeouts_total", c.timeouts.get()),
             ("expirations_total", c.expirations.get()),
+            ("disconnects_total", c.disconnects.get()),
         ]
     })
 }

@@ -13,7 +13,7 @@ use crate::sys::datatype::ValueType;
 pub struct LockType;
 
 /// Encoding version of the RDB format (described in `datatype`).
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
 
 /// The registered type.
 pub static LOCK_TYPE: ValueType<LockType> = ValueType::new("redislock", ENCODING_VERSION);

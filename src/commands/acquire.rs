@@ -2,11 +2,12 @@
 //! FIFO queue (the client is then blocked natively; `waiters` replies when it is granted, times
 //! out or leaves).
 
-use redis_lock_core::{parse, Acquired, Mode, Waiter};
+use redis_lock_core::parse::Accepts;
+use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Waiter};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
-    arg_error, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED, QUEUE_FULL, TOO_MANY_WAITERS,
+    arg_error, BIND_IN_SCRIPT, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED, QUEUE_FULL, TOO_MANY_WAITERS,
 };
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
@@ -15,7 +16,7 @@ use crate::{blocking, settle, stats, waiters};
 
 use super::common::split_key;
 
-/// LOCK.ACQUIRE key owner ttl [WAIT timeout]
+/// LOCK.ACQUIRE key owner ttl [WAIT timeout] [BIND] [LOCKDELAY ms]
 pub struct Acquire;
 
 impl Command for Acquire {
@@ -25,7 +26,7 @@ impl Command for Acquire {
     }
 }
 
-/// LOCK.RWREAD key owner ttl [WAIT timeout]
+/// LOCK.RWREAD key owner ttl [WAIT timeout] [BIND]
 pub struct RwRead;
 
 impl Command for RwRead {
@@ -38,14 +39,33 @@ impl Command for RwRead {
 fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResult {
     let (key_arg, rest) = split_key(args)?;
     let key = key_arg.as_slice();
-    let req = parse::acquire(&rest).map_err(arg_error)?;
+    let accepts = match mode {
+        Mode::Write => Accepts::Exclusive,
+        Mode::Read => Accepts::Shared,
+    };
+    let req = parse::acquire(&rest, accepts).map_err(arg_error)?;
+    let flags = ctx.get_flags();
+    // A script's or function's commands run on a connection of the server's own that never
+    // closes: a hold bound to it would only end by its TTL, which is not what BIND promises.
+    if req.bind && flags.contains(ContextFlags::LUA) {
+        return Err(RedisError::Str(BIND_IN_SCRIPT));
+    }
+    let options = HoldOptions {
+        bound_to: req.bind.then(|| context::client_id(ctx)),
+        lock_delay: req.lock_delay,
+    };
+    let request = Request {
+        owner: req.owner,
+        mode,
+        ttl: req.ttl,
+        options,
+    };
     let db = context::selected_db(ctx);
     settle::run_for(ctx, db, key);
 
     // Inside MULTI, Lua and functions nothing may block: WAIT then acts as without WAIT.
-    let may_block = !ctx
-        .get_flags()
-        .intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
+    let may_block =
+        !flags.intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
     let mut lock_key = LockKey::open_arg(ctx, key_arg);
     let queued_here = lock_key.existing_or_new()?.lock.queue().len();
     let queue_full = if queued_here >= crate::config::max_waiters() {
@@ -58,7 +78,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
     let wants_to_wait = req.wait.is_some() && may_block;
     let wait_id = (wants_to_wait && queue_full.is_none()).then(waiters::next_id);
     let outcome = lock_key
-        .apply(|lock, step| lock.acquire(req.owner, mode, req.ttl, wait_id, step))
+        .apply(|lock, step| lock.request(request, wait_id, step))
         .ok_or(RedisError::Str(KEY_VANISHED))?;
     match outcome {
         Acquired::Granted { token, .. } => {
@@ -76,6 +96,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
                 owner: req.owner.into(),
                 mode,
                 ttl: req.ttl,
+                options,
             };
             if blocking::block(ctx, id, db, key, waiter, timeout) {
                 // The reply comes from the blocked-client callbacks.

@@ -1,4 +1,5 @@
-//! LOCK.INFO: a lock's mode, fence, holders and queue (read-only; also on replicas).
+//! LOCK.INFO: a lock's mode, fence, holders, queue and lock-delay (read-only; also on
+//! replicas).
 
 use std::collections::BTreeMap;
 
@@ -63,6 +64,12 @@ impl Command for Info {
             RedisValue::Integer(i64::try_from(lock.queue().len()).unwrap_or(i64::MAX)),
         );
         map.insert(field("queue"), RedisValue::Array(queue));
+        // Remaining ms of the lock-delay (0 for none); `mode` is `free` meanwhile.
+        let delay = lock.delay_end(now).saturating_sub(now);
+        map.insert(
+            field("delay"),
+            RedisValue::Integer(i64::try_from(delay).unwrap_or(i64::MAX)),
+        );
         Ok(RedisValue::OrderedMap(map))
     }
 }

@@ -36,8 +36,9 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     let mut lock_key = LockKey::open(ctx, key);
     lock_key.set_replicate(false);
     match (&sync.holder, lock_key.existing()?) {
-        (None, None) => return Ok(RedisValue::Integer(0)),
-        (Some(_), None) => {
+        (None, None) if sync.delay_until == 0 => return Ok(RedisValue::Integer(0)),
+        // A hold, or a key left with only a lock-delay.
+        (_, None) => {
             lock_key.existing_or_new()?;
         }
         (Some(h), Some(value)) => {
@@ -58,6 +59,8 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
                     lock.remove_holder(sync.owner);
                 }
             }
+            // After the holder: a delay exists only once nobody holds the lock.
+            lock.restore_delay(sync.delay_until);
         })
     });
     if flags.contains(ContextFlags::LOADING) {

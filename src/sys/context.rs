@@ -53,6 +53,22 @@ pub(crate) fn with_bytes<R>(s: *const raw::RedisModuleString, f: impl FnOnce(&[u
     }
 }
 
+/// Propagates `command a` (one binary-safe argument) to replicas and the AOF.
+pub fn replicate1(ctx: &Context, command: &CStr, arg: &[u8]) {
+    // SAFETY: as in `replicate3`, with one argument.
+    unsafe {
+        if let Some(replicate) = raw::RedisModule_Replicate {
+            replicate(
+                ctx.ctx,
+                command.as_ptr(),
+                c"b".as_ptr(),
+                arg.as_ptr(),
+                arg.len(),
+            );
+        }
+    }
+}
+
 /// Propagates `command a b c` (three binary-safe arguments) to replicas and the AOF.
 pub fn replicate3(ctx: &Context, command: &CStr, args: [&[u8]; 3]) {
     let [a, b, c] = args;
