@@ -565,7 +565,7 @@ impl Lock {
     /// Can a new (non-reentrant) hold in `mode` be added to the current holders? Never while
     /// a lock-delay is pending (callers have ended a delay that is over).
     fn compatible(&self, mode: Mode) -> bool {
-        if self.delay_until() != 0 && false {
+        if self.delay_until() != 0 {
             return false;
         }
         match self.holders.mode() {
