@@ -149,18 +149,20 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
                 return;
             }
             lock_key.apply(|lock: &mut Lock, step| {
-                bound::end_gone(lock, step);
-                // A bound hold that arrived here under a new name (RENAME, MOVE, SWAPDB) is
-                // found here when its connection closes.
-                for conn in bound::connections(lock) {
-                    bound::index(conn, db, key);
-                }
                 lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
                 let missing = waiting
                     .into_iter()
                     .filter(|(id, _)| !lock.queue().contains(*id))
                     .collect();
                 lock.requeue(missing, step);
+                // After the requeue, so that a waiter granted here is not taken for one that
+                // went missing.
+                bound::end_gone(lock, step);
+                // A bound hold that arrived here under a new name (RENAME, MOVE, SWAPDB) is
+                // found here when its connection closes.
+                for conn in bound::connections(lock) {
+                    bound::index(conn, db, key);
+                }
             });
         }
     }

@@ -603,8 +603,26 @@ fn a_corrupt_lock_payload_is_refused_cleanly() {
 
     // Layout: type byte, 0x81 + 8-byte module id whose low 10 bits are the encoding version.
     assert_eq!(good[1], 0x81, "64-bit module id expected");
+    assert_eq!(good[9] & 0x03, 2, "encoding version 2");
     let mut wrong_version = good.clone();
-    wrong_version[9] = (wrong_version[9] & 0xfc) | 0x02;
+    wrong_version[9] = (wrong_version[9] & 0xfc) | 0x03;
+
+    // Encoding version 1 (before BIND and LOCKDELAY) still loads: the same value without the
+    // holder's `bound` and `lock_delay` and the key's `delay_until`, each an unsigned 0 (opcode
+    // 2, length byte 0), just before the EOF opcode, the RDB version (2 bytes) and the CRC.
+    let eof = good.len() - 8 - 2 - 1;
+    assert_eq!(good[eof], 0, "module value EOF opcode");
+    assert_eq!(good[eof - 6..eof], [2, 0, 2, 0, 2, 0], "version 2 tail");
+    let mut version_1 = good.clone();
+    version_1.drain(eof - 6..eof);
+    version_1[9] = (version_1[9] & 0xfc) | 0x01;
+    redis::cmd("RESTORE")
+        .arg("v1")
+        .arg(0)
+        .arg(reseal(version_1))
+        .query::<()>(&mut c)
+        .expect("a version 1 value loads");
+    assert_eq!(holders(&mut c, "v1"), vec![("o".to_string(), 1)]);
     // Holder "o": string opcode 5, length 1, 'o', then the mode as unsigned opcode 2 + value.
     let at = good
         .windows(5)

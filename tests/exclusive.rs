@@ -369,7 +369,7 @@ fn malformed_input_gets_an_error_and_changes_nothing() {
         ),
         (
             vec!["LOCK.ACQUIRE", "new", "o", "100", "WAIT", "1", "extra"],
-            "syntax error",
+            "unknown option",
         ),
         (vec!["LOCK.ACQUIRE", "str", "o", "100"], "WRONGTYPE"),
         (vec!["LOCK.ACQUIRE", "held", "o", "0"], "ttl must be"),

@@ -109,8 +109,24 @@ fn command_docs_show_summary_complexity_since_and_arguments() {
             true,
         ),
     ];
-    assert_eq!(doc_args(&docs(&mut c, "lock.acquire")), with_wait);
-    assert_eq!(doc_args(&docs(&mut c, "lock.rwread")), with_wait);
+    let bind = (
+        "bind".to_string(),
+        "pure-token".to_string(),
+        Some("BIND".to_string()),
+        true,
+    );
+    let lock_delay = (
+        "ms".to_string(),
+        "integer".to_string(),
+        Some("LOCKDELAY".to_string()),
+        true,
+    );
+    let mut rwread = with_wait.clone();
+    rwread.push(bind.clone());
+    let mut acquire = rwread.clone();
+    acquire.push(lock_delay);
+    assert_eq!(doc_args(&docs(&mut c, "lock.acquire")), acquire);
+    assert_eq!(doc_args(&docs(&mut c, "lock.rwread")), rwread);
     let release = doc_args(&docs(&mut c, "lock.release"));
     assert_eq!(
         release.last(),
