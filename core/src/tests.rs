@@ -66,6 +66,56 @@ impl Bench {
     fn count(&self, owner: &str) -> Option<u64> {
         self.lock.holders().get(owner.as_bytes()).map(|h| h.count)
     }
+
+    /// An acquire with options (`BIND`, `LOCKDELAY`).
+    fn request(
+        &mut self,
+        owner: &str,
+        mode: Mode,
+        ttl: Millis,
+        wait: Option<u64>,
+        options: HoldOptions,
+    ) -> Acquired {
+        let req = Request {
+            owner: owner.as_bytes(),
+            mode,
+            ttl,
+            options,
+        };
+        self.run(|l, s| l.request(req, wait.map(WaiterId), s))
+    }
+
+    fn options(&self, owner: &str) -> Option<HoldOptions> {
+        self.lock
+            .holders()
+            .get(owner.as_bytes())
+            .map(|h| h.options.get())
+    }
+
+    /// The clock reaches `t` and the expiry timer fires.
+    fn tick_at(&mut self, t: Millis) {
+        self.now = t;
+        self.run(|l, s| l.expire(s));
+    }
+
+    /// Connection `conn` closes.
+    fn disconnect(&mut self, conn: u64) -> usize {
+        self.run(|l, s| l.end_bound(|c| c == conn, s))
+    }
+}
+
+fn opts(bound_to: Option<u64>, lock_delay: Millis) -> HoldOptions {
+    HoldOptions {
+        bound_to,
+        lock_delay,
+    }
+}
+
+fn granted(waiter: u64, owner: &str, events: &[Event]) -> bool {
+    events.iter().any(|e| {
+        matches!(e, Event::Granted { waiter: WaiterId(w), owner: o, .. }
+            if *w == waiter && **o == *owner.as_bytes())
+    })
 }
 
 fn token(a: Acquired) -> u64 {
@@ -442,4 +492,294 @@ fn the_token_floor_follows_the_clock_and_never_lowers_the_counter() {
     let before = fences.last();
     fences.raise_to_floor(now - 10_000);
     assert_eq!(fences.last(), before);
+}
+
+// ---- BIND and LOCKDELAY (version 2) ----
+
+#[test]
+fn expiry_with_lock_delay_blocks_everyone_until_it_ends_then_grants_the_head() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    b.acquire("w", Mode::Write, 500, Some(1));
+    b.tick_at(1_100);
+    assert_eq!(
+        b.take_events(),
+        vec![
+            Event::Expired {
+                owner: b"a"[..].into(),
+                mode: Mode::Write
+            },
+            Event::DelayStarted { until: 1_150 },
+        ]
+    );
+    assert_eq!(b.lock.delay_until(), 1_150);
+    assert_eq!(b.lock.mode(), None, "free while only the delay is pending");
+    // Newcomers are refused or queue, readers included; the waiter stays queued.
+    assert_eq!(b.write("x"), Acquired::Busy);
+    assert_eq!(b.read("y"), Acquired::Busy);
+    assert_eq!(b.acquire("z", Mode::Read, 500, Some(2)), Acquired::Queued);
+    b.tick_at(1_149);
+    assert!(b.take_events().is_empty(), "the delay is not over yet");
+    assert_eq!(b.write("x"), Acquired::Busy);
+    b.tick_at(1_150);
+    let events = b.take_events();
+    assert_eq!(events[0], Event::DelayEnded);
+    assert!(
+        matches!(
+            &events[1],
+            Event::Granted {
+                waiter: WaiterId(1),
+                expires_at: 1_650,
+                count: 1,
+                ..
+            }
+        ),
+        "{events:?}"
+    );
+    assert_eq!(events.len(), 2, "the writer alone: {events:?}");
+    assert_eq!(b.lock.delay_until(), 0);
+    assert_eq!(b.count("w"), Some(1));
+}
+
+#[test]
+fn late_timer_grants_at_once_because_the_delay_counts_from_the_expiry() {
+    // The timer fires after expires_at + delay: nothing left to wait for.
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    b.acquire("w", Mode::Write, 500, Some(1));
+    b.tick_at(1_180);
+    let events = b.take_events();
+    assert_eq!(events[1], Event::DelayStarted { until: 1_150 });
+    assert_eq!(events[2], Event::DelayEnded);
+    assert!(granted(1, "w", &events), "{events:?}");
+    assert_eq!(b.lock.delay_until(), 0);
+
+    // The timer fires inside the delay: it still ends at expires_at + delay, not now + delay.
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    b.tick_at(1_130);
+    assert_eq!(b.lock.delay_until(), 1_150);
+    assert_eq!(b.lock.next_expiry(), Some(1_150));
+
+    // No timer at all: the next request finds the delay over and is granted directly.
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    b.now = 1_150;
+    assert!(matches!(b.write("x"), Acquired::Granted { count: 1, .. }));
+}
+
+#[test]
+fn release_imposes_no_delay() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 1_000, None, opts(None, 5_000));
+    b.acquire("w", Mode::Write, 1_000, Some(1));
+    b.release("a").unwrap();
+    assert_eq!(b.granted_ids(), vec![1]);
+    assert_eq!(b.lock.delay_until(), 0);
+    // RELEASE ALL neither, and the lock is then simply gone.
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 1_000, None, opts(Some(3), 5_000));
+    b.write("a");
+    assert_eq!(b.run(|l, s| l.release(b"a", true, s)), Ok(0));
+    assert_eq!(b.lock.delay_until(), 0);
+    assert!(b.lock.is_empty());
+    assert!(matches!(b.write("x"), Acquired::Granted { .. }));
+}
+
+#[test]
+fn closing_a_connection_ends_its_holds_at_once_and_no_others() {
+    let mut b = Bench::new();
+    b.request("r1", Mode::Read, 10_000, None, opts(Some(7), 0));
+    b.request("r2", Mode::Read, 10_000, None, opts(None, 0));
+    b.request("r3", Mode::Read, 10_000, None, opts(Some(8), 0));
+    b.read("r1");
+    b.acquire("w", Mode::Write, 1_000, Some(1));
+    assert_eq!(b.disconnect(9), 0);
+    assert_eq!(b.disconnect(7), 1);
+    assert_eq!(
+        b.take_events(),
+        vec![Event::Disconnected {
+            owner: b"r1"[..].into(),
+            mode: Mode::Read
+        }],
+        "every count of r1 ends, nobody else's, nobody granted yet"
+    );
+    assert_eq!(b.count("r1"), None);
+    assert_eq!(b.count("r2"), Some(1));
+    assert_eq!(b.count("r3"), Some(1));
+    b.release("r2").unwrap();
+    b.take_events();
+    assert_eq!(b.disconnect(8), 1);
+    let events = b.take_events();
+    assert!(granted(1, "w", &events), "handed over at once: {events:?}");
+    assert_eq!(b.lock.delay_until(), 0, "no LOCKDELAY, no delay");
+}
+
+#[test]
+fn closing_the_connection_of_a_writer_with_lock_delay_delays_from_now() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 10_000, None, opts(Some(1), 300));
+    b.acquire("w", Mode::Write, 1_000, Some(1));
+    b.now = 1_200;
+    assert_eq!(b.disconnect(1), 1);
+    assert_eq!(
+        b.take_events(),
+        vec![
+            Event::Disconnected {
+                owner: b"a"[..].into(),
+                mode: Mode::Write
+            },
+            Event::DelayStarted { until: 1_500 },
+        ]
+    );
+    assert_eq!(b.lock.next_expiry(), Some(1_500));
+    assert_eq!(b.lock.last_expiry(), Some(1_500));
+    assert_eq!(b.write("x"), Acquired::Busy);
+    b.tick_at(1_499);
+    assert!(b.take_events().is_empty());
+    b.tick_at(1_500);
+    assert_eq!(b.granted_ids(), vec![1]);
+}
+
+#[test]
+fn every_bound_hold_ends_when_the_server_loses_all_connections() {
+    let mut b = Bench::new();
+    b.request("r1", Mode::Read, 10_000, None, opts(Some(1), 0));
+    b.request("r2", Mode::Read, 10_000, None, opts(Some(2), 0));
+    b.request("r3", Mode::Read, 10_000, None, opts(None, 0));
+    assert_eq!(b.run(|l, s| l.end_bound(|_| true, s)), 2);
+    assert_eq!(b.lock.holders().len(), 1);
+    assert_eq!(b.count("r3"), Some(1));
+}
+
+#[test]
+fn reentry_keeps_the_options_the_hold_began_with() {
+    let mut b = Bench::new();
+    let t = token(b.request("a", Mode::Write, 100, None, opts(Some(1), 50)));
+    assert_eq!(
+        b.request("a", Mode::Write, 100, None, opts(Some(2), 0)),
+        Acquired::Granted { token: t, count: 2 }
+    );
+    b.request("a", Mode::Read, 100, None, opts(None, 900));
+    assert_eq!(b.options("a"), Some(opts(Some(1), 50)));
+    assert_eq!(b.disconnect(2), 0, "the re-entry's BIND was ignored");
+    assert_eq!(b.disconnect(1), 1);
+    assert_eq!(b.lock.delay_until(), b.now + 50);
+
+    // An unbound hold stays unbound when re-entered with BIND, and gets no delay.
+    let mut b = Bench::new();
+    b.write("u");
+    b.request("u", Mode::Write, 100, None, opts(Some(1), 50));
+    assert_eq!(b.options("u"), Some(HoldOptions::default()));
+    assert_eq!(b.disconnect(1), 0);
+    b.tick_at(b.now + 100);
+    assert_eq!(b.lock.delay_until(), 0);
+    assert!(b.lock.is_empty());
+
+    // A queued re-entry (the owner's second waiter) is granted without changing them either.
+    let mut b = Bench::new();
+    b.write("a");
+    b.request("o", Mode::Write, 100, Some(1), opts(Some(4), 10));
+    b.request("o", Mode::Read, 100, Some(2), opts(Some(5), 0));
+    b.release("a").unwrap();
+    assert_eq!(b.granted_ids(), vec![1, 2]);
+    assert_eq!(b.count("o"), Some(2));
+    assert_eq!(b.options("o"), Some(opts(Some(4), 10)));
+}
+
+#[test]
+fn a_bound_waiter_is_bound_to_its_own_connection() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 10_000, None, opts(Some(1), 0));
+    b.request("w", Mode::Write, 10_000, Some(1), opts(Some(2), 40));
+    assert_eq!(b.disconnect(1), 1);
+    assert_eq!(b.granted_ids(), vec![1]);
+    assert_eq!(b.options("w"), Some(opts(Some(2), 40)));
+    assert_eq!(
+        b.disconnect(1),
+        0,
+        "not bound to the connection it replaced"
+    );
+    b.now += 5;
+    assert_eq!(b.disconnect(2), 1);
+    assert_eq!(b.lock.delay_until(), b.now + 40);
+}
+
+#[test]
+fn the_key_expiry_covers_the_lock_delay() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    // Held: the timer fires at the expiry, the key lives until expiry + delay.
+    assert_eq!(b.lock.next_expiry(), Some(1_100));
+    assert_eq!(b.lock.last_expiry(), Some(1_150));
+    // An extend moves both.
+    b.now = 1_050;
+    b.run(|l, s| l.extend(b"a", 100, s)).unwrap();
+    assert_eq!(b.lock.next_expiry(), Some(1_150));
+    assert_eq!(b.lock.last_expiry(), Some(1_200));
+    // Pending: both are the delay's end.
+    b.tick_at(1_160);
+    assert_eq!(b.lock.next_expiry(), Some(1_200));
+    assert_eq!(b.lock.last_expiry(), Some(1_200));
+    b.tick_at(1_200);
+    assert_eq!(b.lock.next_expiry(), None);
+    assert_eq!(b.lock.last_expiry(), None);
+}
+
+#[test]
+fn a_shared_hold_drops_lock_delay() {
+    let mut b = Bench::new();
+    b.request("r", Mode::Read, 100, None, opts(Some(1), 50));
+    assert_eq!(b.options("r"), Some(opts(Some(1), 0)));
+    assert_eq!(b.lock.last_expiry(), Some(1_100));
+    b.tick_at(1_100);
+    assert_eq!(b.lock.delay_until(), 0);
+    assert!(b.lock.is_empty());
+}
+
+#[test]
+fn a_pending_delay_keeps_the_lock_until_it_ends() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    b.tick_at(1_100);
+    assert!(b.lock.holders().is_empty() && b.lock.queue().is_empty());
+    assert!(
+        !b.lock.is_empty(),
+        "the key must stay while the delay is pending"
+    );
+    b.tick_at(1_150);
+    assert!(b.lock.is_empty());
+    assert_eq!(b.take_events().last(), Some(&Event::DelayEnded));
+}
+
+#[test]
+fn a_waiter_timing_out_during_a_delay_leaves_without_a_grant() {
+    let mut b = Bench::new();
+    b.request("a", Mode::Write, 100, None, opts(None, 50));
+    b.acquire("w1", Mode::Write, 100, Some(1));
+    b.acquire("w2", Mode::Write, 100, Some(2));
+    b.tick_at(1_120);
+    assert!(b.run(|l, s| l.cancel_waiter(WaiterId(1), s)).is_some());
+    assert!(b.granted_ids().is_empty(), "w2 still waits for the delay");
+    b.tick_at(1_150);
+    assert_eq!(b.granted_ids(), vec![2]);
+}
+
+#[test]
+fn restore_delay_is_ignored_while_the_lock_is_held() {
+    let mut b = Bench::new();
+    b.write("a");
+    b.lock.restore_delay(5_000);
+    assert_eq!(b.lock.delay_until(), 0);
+    assert_eq!(b.count("a"), Some(1));
+    // On an empty lock it is restored exactly, blocks grants, and 0 clears it.
+    let mut b = Bench::new();
+    b.lock.restore_delay(5_000);
+    assert_eq!(b.lock.delay_until(), 5_000);
+    assert!(!b.lock.is_empty());
+    assert_eq!(b.lock.last_expiry(), Some(5_000));
+    assert_eq!(b.write("x"), Acquired::Busy);
+    b.lock.restore_delay(0);
+    assert!(b.lock.is_empty());
+    assert!(matches!(b.write("x"), Acquired::Granted { .. }));
 }

@@ -1,18 +1,29 @@
 //! Argument parsing and the LOCK.SYNC codec: any byte strings, split into arguments at NUL
 //! bytes, must parse or fail cleanly, and anything accepted must be within the documented
-//! limits.
+//! limits. Version 2: options in any order (`WAIT`, `BIND`, `LOCKDELAY` on exclusive requests
+//! only) and the LOCK.SYNC state with options and the lock-delay, which must round-trip.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_lock_core::sync::parse_sync;
-use redis_lock_core::{check_holder, parse, MAX_DURATION, MAX_OWNER_LEN, MAX_TOKEN};
+use redis_lock_core::parse::{self, Accepts};
+use redis_lock_core::sync::{parse_sync, sync_state};
+use redis_lock_core::{check_holder, MAX_DURATION, MAX_OWNER_LEN, MAX_TOKEN};
 
 fuzz_target!(|data: &[u8]| {
     let args: Vec<&[u8]> = data.split(|b| *b == 0).collect();
-    if let Ok(a) = parse::acquire(&args) {
-        assert!((1..=MAX_OWNER_LEN).contains(&a.owner.len()));
-        assert!((1..=MAX_DURATION).contains(&a.ttl));
-        assert!(a.wait.is_none_or(|w| w <= MAX_DURATION));
+    for accepts in [Accepts::Exclusive, Accepts::Shared] {
+        if let Ok(a) = parse::acquire(&args, accepts) {
+            assert!((1..=MAX_OWNER_LEN).contains(&a.owner.len()));
+            assert!((1..=MAX_DURATION).contains(&a.ttl));
+            assert!(a.wait.is_none_or(|w| w <= MAX_DURATION));
+            assert!(a.lock_delay <= MAX_DURATION);
+            if accepts == Accepts::Shared {
+                // LOCKDELAY is refused on shared requests; what they accept, LOCK.ACQUIRE
+                // accepts the same way.
+                assert_eq!(a.lock_delay, 0);
+                assert_eq!(parse::acquire(&args, Accepts::Exclusive), Ok(a));
+            }
+        }
     }
     if let Ok((owner, _all)) = parse::release(&args) {
         assert!((1..=MAX_OWNER_LEN).contains(&owner.len()));
@@ -21,12 +32,10 @@ fuzz_target!(|data: &[u8]| {
         assert!((1..=MAX_OWNER_LEN).contains(&owner.len()));
         assert!((1..=MAX_DURATION).contains(&ttl));
     }
-    if let Ok(sync) = parse_sync(&args) {
-        if let Some(h) = &sync.holder {
-            assert!(check_holder(sync.owner, h).is_ok());
-        }
-        assert!(sync.fence <= MAX_TOKEN && sync.counter <= MAX_TOKEN);
-    }
+    check_sync(&args);
+    // The whole input as one state too: binary states hold NUL bytes (a version 2 state always
+    // does: its lock-delay is at most 2^47), which the split above never passes on.
+    check_sync(&[b"o", data]);
     if let Some(first) = args.first() {
         if let Some(v) = parse::parse_i64(first) {
             // Whatever parses prints back to the same text.
@@ -34,3 +43,20 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+fn check_sync(args: &[&[u8]]) {
+    if let Ok(sync) = parse_sync(args) {
+        if let Some(h) = &sync.holder {
+            assert!(check_holder(sync.owner, h).is_ok());
+        }
+        assert!(sync.fence <= MAX_TOKEN && sync.counter <= MAX_TOKEN);
+        // What was accepted encodes back to a state that parses to the same thing.
+        let state = sync_state(
+            sync.holder.as_ref(),
+            sync.fence,
+            sync.counter,
+            sync.delay_until,
+        );
+        assert_eq!(parse_sync(&[sync.owner, state.as_bytes()]), Ok(sync));
+    }
+}
