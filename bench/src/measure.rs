@@ -172,6 +172,47 @@ pub fn crash(server: &Server, lock: &dyn Lock, rounds: usize, ttl_ms: u64) -> Ve
     out
 }
 
+/// Disconnect hand-over of the module's bound locks: a holder takes the lock with BIND (and a
+/// TTL far beyond the test) on its own connection; one waiter blocks; the holder's connection
+/// is closed. Each sample: the waiter's grant time minus the moment the socket was closed.
+pub fn bound_crash(server: &Server, rounds: usize) -> Vec<Duration> {
+    let mut c = server.connect();
+    flush(&mut c);
+    let mut out = Vec::new();
+    for r in 0..rounds {
+        let key = format!("bound:{r}");
+        let mut holder = server.connect();
+        let token: redis::RedisResult<i64> = redis::cmd("LOCK.ACQUIRE")
+            .arg(&key)
+            .arg("crashed")
+            .arg(LONG_TTL)
+            .arg("BIND")
+            .query(&mut holder);
+        assert!(token.is_ok(), "bound acquire: {token:?}");
+        let mut w = server.connect();
+        let waiter_key = key.clone();
+        let waiter = thread::spawn(move || {
+            let reply: redis::RedisResult<i64> = redis::cmd("LOCK.ACQUIRE")
+                .arg(&waiter_key)
+                .arg("heir")
+                .arg(LONG_TTL)
+                .arg("WAIT")
+                .arg(30_000)
+                .query(&mut w);
+            (reply, Instant::now())
+        });
+        // The waiter must be queued before the holder goes.
+        wait_for_waiting(&mut c, &key, 1);
+        let closed = Instant::now();
+        drop(holder);
+        let (reply, granted) = waiter.join().expect("waiter thread");
+        assert!(reply.is_ok(), "waiter: {reply:?}");
+        out.push(granted.saturating_duration_since(closed));
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&key).query(&mut c);
+    }
+    out
+}
+
 /// Fairness: per round a holder holds the lock while `waiters` clients arrive 5 ms apart, then
 /// releases; each grant is out of order when an earlier arrival was still waiting. Returns
 /// (out-of-order grants, grants).
