@@ -307,11 +307,17 @@ mod tests {
         use Accepts::*;
         assert_eq!(opts(&["me", "10"], Exclusive), Ok((None, false, 0)));
         assert_eq!(
-            opts(&["me", "10", "bind", "LockDelay", "5", "WAIT", "7"], Exclusive),
+            opts(
+                &["me", "10", "bind", "LockDelay", "5", "WAIT", "7"],
+                Exclusive
+            ),
             Ok((Some(7), true, 5))
         );
         assert_eq!(
-            opts(&["me", "10", "LOCKDELAY", "140737488355328", "BIND"], Exclusive),
+            opts(
+                &["me", "10", "LOCKDELAY", "140737488355328", "BIND"],
+                Exclusive
+            ),
             Ok((None, true, MAX_DURATION))
         );
         assert_eq!(
@@ -329,13 +335,29 @@ mod tests {
         use Accepts::*;
         let cases: &[(&[&str], Accepts, ArgError)] = &[
             (&["BIND", "BIND"], Exclusive, ArgError::RepeatedOption),
-            (&["bind", "WAIT", "1", "BIND"], Shared, ArgError::RepeatedOption),
-            (&["LOCKDELAY", "1", "lockdelay", "2"], Exclusive, ArgError::RepeatedOption),
+            (
+                &["bind", "WAIT", "1", "BIND"],
+                Shared,
+                ArgError::RepeatedOption,
+            ),
+            (
+                &["LOCKDELAY", "1", "lockdelay", "2"],
+                Exclusive,
+                ArgError::RepeatedOption,
+            ),
             (&["LOCKDELAY"], Exclusive, ArgError::Syntax),
             (&["BIND", "WAIT"], Exclusive, ArgError::Syntax),
             (&["LOCKDELAY", "-1"], Exclusive, ArgError::LockDelayRange),
-            (&["LOCKDELAY", "140737488355329"], Exclusive, ArgError::LockDelayRange),
-            (&["LOCKDELAY", "1.5"], Exclusive, ArgError::LockDelayNotInteger),
+            (
+                &["LOCKDELAY", "140737488355329"],
+                Exclusive,
+                ArgError::LockDelayRange,
+            ),
+            (
+                &["LOCKDELAY", "1.5"],
+                Exclusive,
+                ArgError::LockDelayNotInteger,
+            ),
             (&["LOCKDELAY", "5"], Shared, ArgError::LockDelayNotExclusive),
             (&["BIND", "NOW"], Exclusive, ArgError::UnknownOption),
             (&["BIND", "1"], Exclusive, ArgError::UnknownOption),

@@ -97,7 +97,11 @@ pub fn sync_state(
     }
     buf[0] = BINARY_V2;
     buf[BINARY_LEN] = u8::from(options.bound_to.is_some());
-    let extra = [options.bound_to.unwrap_or(0), options.lock_delay, delay_until];
+    let extra = [
+        options.bound_to.unwrap_or(0),
+        options.lock_delay,
+        delay_until,
+    ];
     for (i, v) in extra.into_iter().enumerate() {
         let at = BINARY_LEN + 1 + 8 * i;
         buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
@@ -282,10 +286,7 @@ mod tests {
             let state = sync_state(Some(&h), v, v, 0);
             assert_eq!(state.as_bytes().len(), 42);
             let sync = parse_sync(&[b"o", state.as_bytes()]).unwrap();
-            assert_eq!(
-                sync.holder,
-                Some(h)
-            );
+            assert_eq!(sync.holder, Some(h));
             assert_eq!((sync.fence, sync.counter), (v, v));
         }
     }
