@@ -6,7 +6,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{drift, Acquire, LockError, Mode, Outcome, Servers};
+use crate::bound::{BoundLink, Links};
+use crate::{drift, extend_cmd, extend_outcome, release_cmd, release_outcome};
+use crate::{Acquire, LockError, Mode, Outcome, Servers};
+
+/// How often the watchdog of a bound guard checks its connections between extends (a probe
+/// reads the socket without blocking: no request is sent).
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Why a watchdog gave up a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +31,10 @@ type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
 /// Its extends use a connection of their own: a blocking acquire of the same client never
 /// delays them. [`LockGuard::is_lost`] does not wait for the watchdog: it turns true the moment
 /// validity runs out, even while the watchdog's extend is still waiting for an answer.
+///
+/// For a bound guard ([`Acquire::bind`]) the extends go over the guard's own connections, and
+/// between them the watchdog checks those connections every 100 ms (without sending anything):
+/// it reports the loss as soon as fewer than a quorum of them are open.
 #[derive(Clone)]
 pub struct Watchdog {
     fraction: f64,
@@ -78,6 +88,8 @@ struct State {
     ttl: Duration,
     /// (instance index, token) for every instance that granted.
     tokens: Vec<(usize, u64)>,
+    /// A bound guard's connections (see [`crate::bound`]).
+    links: Option<Links>,
     lease: Mutex<Lease>,
     /// The watchdog reported the loss (it does so once).
     reported: AtomicBool,
@@ -112,12 +124,39 @@ impl State {
     }
 
     fn is_lost(&self) -> bool {
+        self.check_links();
         self.lease().lost(Instant::now())
     }
 
+    /// A bound guard: probes its connections, and records the loss once fewer than a quorum
+    /// of them are open (the servers ended the hold there).
+    fn check_links(&self) {
+        let Some(links) = &self.links else {
+            return;
+        };
+        if self.lease().loss.is_some() {
+            return;
+        }
+        if links.probe() < self.servers.quorum {
+            let mut lease = self.lease();
+            if lease.loss.is_none() {
+                lease.loss = Some(LockError::Disconnected {
+                    causes: links.dead(&self.servers),
+                });
+            }
+        }
+    }
+
+    /// What the recorded loss names, if there is one.
+    fn loss_causes(&self) -> Option<Vec<(String, Outcome)>> {
+        self.lease().loss.as_ref().map(|l| l.causes().to_vec())
+    }
+
     /// Extends on every instance; Ok with the new deadline when a majority still holds it.
-    /// Errors: `Held` (a majority says the owner holds nothing: lost), `Expired` (validity ran
+    /// Errors: `Held` (a majority says the owner holds nothing: lost), `Disconnected` (a bound
+    /// guard: fewer than a quorum of its connections are open, lost), `Expired` (validity ran
     /// out before an extend was confirmed: lost), `Unreachable` (not conclusive, still valid).
+    /// A bound guard extends over its own connections (see [`Links::run`]).
     fn extend(&self) -> Result<Instant, LockError> {
         let started = Instant::now();
         {
@@ -129,16 +168,33 @@ impl State {
                 return Err(LockError::Expired { causes: Vec::new() });
             }
         }
-        let outcomes = self.servers.extend(&self.key, &self.owner, self.ttl);
+        let outcomes = match &self.links {
+            Some(links) => links
+                .run(&self.servers, &extend_cmd(&self.key, &self.owner, self.ttl))
+                .into_iter()
+                .map(extend_outcome)
+                .collect(),
+            None => self.servers.extend(&self.key, &self.owner, self.ttl),
+        };
         let elapsed = started.elapsed();
         let ok = outcomes
             .iter()
             .filter(|o| matches!(o, Outcome::Granted(_)))
             .count();
-        let refused = outcomes
+        // Servers where the owner certainly holds nothing any more: it answered so, or (bound)
+        // the hold's connection is gone.
+        let gone = outcomes
             .iter()
-            .filter(|o| matches!(o, Outcome::Refused(_)))
+            .enumerate()
+            .filter(|(i, o)| {
+                matches!(o, Outcome::Refused(_))
+                    || self.links.as_ref().is_some_and(|l| !l.is_alive(*i))
+            })
             .count();
+        let disconnected = self
+            .links
+            .as_ref()
+            .is_some_and(|l| l.alive() < self.servers.quorum);
         let n = outcomes.len();
         let causes = self.servers.named(outcomes);
         let mut lease = self.lease();
@@ -160,8 +216,12 @@ impl State {
             }
         }
         // Definitely lost when too many instances say the owner holds nothing there.
-        if n - refused < self.servers.quorum {
-            let loss = LockError::Held { causes };
+        if n - gone < self.servers.quorum {
+            let loss = if disconnected {
+                LockError::Disconnected { causes }
+            } else {
+                LockError::Held { causes }
+            };
             lease.loss = Some(loss.clone());
             return Err(loss);
         }
@@ -193,7 +253,25 @@ impl State {
         if self.released.swap(true, Ordering::SeqCst) {
             return Vec::new();
         }
-        self.servers.release(&self.key, &self.owner)
+        let Some(links) = &self.links else {
+            return self.servers.release(&self.key, &self.owner);
+        };
+        // Released over each bound connection (or, while the watchdog uses it, over a pooled
+        // one), then the connections close: the release comes first, so no lock-delay starts.
+        let results = links.run(&self.servers, &release_cmd(&self.key, &self.owner));
+        let outcomes = results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                // No answer on a connection that is still open: not confirmed. Everywhere
+                // else the hold is gone (released, or ended with its connection).
+                Err(Outcome::Unreachable(e)) if links.is_alive(i) => Outcome::Unreachable(e),
+                Err(Outcome::Unreachable(_)) => Outcome::Granted(0),
+                r => release_outcome(r),
+            })
+            .collect();
+        links.close();
+        outcomes
     }
 }
 
@@ -205,6 +283,8 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
+    /// `links`: for a bound guard, the connection each server granted on (`None` where it did
+    /// not grant).
     pub(crate) fn new(
         servers: Arc<Servers>,
         key: &str,
@@ -212,6 +292,7 @@ impl LockGuard {
         request: Acquire,
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
+        links: Option<Vec<Option<BoundLink>>>,
     ) -> Self {
         let state = Arc::new(State {
             servers,
@@ -220,6 +301,7 @@ impl LockGuard {
             mode: request.mode,
             ttl: request.ttl,
             tokens,
+            links: links.map(Links::new),
             lease: Mutex::new(Lease {
                 valid_until,
                 loss: None,
@@ -247,6 +329,11 @@ impl LockGuard {
 
     pub fn mode(&self) -> Mode {
         self.state.mode
+    }
+
+    /// Whether the hold is bound to this guard's connections ([`Acquire::bind`]).
+    pub fn is_bound(&self) -> bool {
+        self.state.links.is_some()
     }
 
     /// The fencing token, for a lock on one server. A quorum lock has one token per granting
@@ -277,6 +364,7 @@ impl LockGuard {
 
     /// How much longer the lock is certainly held (zero once expired or lost).
     pub fn validity(&self) -> Duration {
+        self.state.check_links();
         let now = Instant::now();
         let lease = self.state.lease();
         if lease.lost(now) {
@@ -288,15 +376,18 @@ impl LockGuard {
     /// True once the lock may no longer be held: from the moment its validity runs out without
     /// a confirmed extend (checked against the clock on every call, so it does not depend on the
     /// watchdog thread having noticed, nor on a request in flight), or once a majority of servers
-    /// said this owner no longer holds it. Once true, it stays true. Check it right before
-    /// acting under the lock's protection.
+    /// said this owner no longer holds it. For a bound guard, also once fewer than a quorum of
+    /// its connections are open: every call checks them, without blocking and without a round
+    /// trip (see the [crate documentation](crate#bound-holds)). Once true, it stays true. Check
+    /// it right before acting under the lock's protection.
     pub fn is_lost(&self) -> bool {
         self.state.is_lost()
     }
 
     /// Extends the lease to a full ttl from now (on a majority of servers). Fails with `Held`
-    /// when a majority says this owner no longer holds the lock, `Expired` when the validity ran
-    /// out before the extend was confirmed (the guard is then lost for good), and `Unreachable`
+    /// when a majority says this owner no longer holds the lock, `Disconnected` when a bound
+    /// guard's connections to too many servers closed, `Expired` when the validity ran out
+    /// before the extend was confirmed (the guard is then lost for good), and `Unreachable`
     /// when too few servers answered (the lease keeps its current validity).
     pub fn extend(&self) -> Result<Duration, LockError> {
         self.state
@@ -341,6 +432,10 @@ impl LockGuard {
         if let Some(handle) = self.watchdog.take() {
             let _ = handle.join();
         }
+        if let Some(links) = &self.state.links {
+            // A connection the watchdog was using came back closed; this is for certainty.
+            links.close();
+        }
         outcomes
     }
 }
@@ -360,6 +455,7 @@ impl std::fmt::Debug for LockGuard {
             .field("key", &self.state.key)
             .field("mode", &self.state.mode)
             .field("tokens", &self.state.tokens)
+            .field("bound", &self.is_bound())
             .field("validity", &self.validity())
             .field("lost", &self.is_lost())
             .finish()
@@ -368,13 +464,16 @@ impl std::fmt::Debug for LockGuard {
 
 /// The watchdog thread: sleeps `fraction * ttl` (or until stopped), extends, repeats. It also
 /// wakes when the validity runs out, to report the loss then even if the last extend failed
-/// inconclusively (servers unreachable).
+/// inconclusively (servers unreachable), and, for a bound guard, every [`PROBE_INTERVAL`] to
+/// check its connections.
 fn run_watchdog(state: &State, watchdog: &Watchdog) {
     let period = state
         .ttl
         .mul_f64(watchdog.fraction)
         .max(Duration::from_millis(1));
+    let probe_every = state.links.as_ref().map(|_| PROBE_INTERVAL.min(period));
     let mut next = Instant::now() + period;
+    let mut probe_at = probe_every.map(|p| Instant::now() + p);
     // What the servers answered to the last failed extend, for the report.
     let mut last_causes = Vec::new();
     loop {
@@ -385,7 +484,10 @@ fn run_watchdog(state: &State, watchdog: &Watchdog) {
                     return;
                 }
                 let now = Instant::now();
-                let until = next.min(state.valid_until());
+                let mut until = next.min(state.valid_until());
+                if let Some(at) = probe_at {
+                    until = until.min(at);
+                }
                 if now >= until {
                     break;
                 }
@@ -396,8 +498,18 @@ fn run_watchdog(state: &State, watchdog: &Watchdog) {
             }
         }
         if state.is_lost() {
-            state.report_lost(last_causes, watchdog);
+            let causes = state
+                .loss_causes()
+                .filter(|c| !c.is_empty())
+                .unwrap_or(last_causes);
+            state.report_lost(causes, watchdog);
             return;
+        }
+        if let Some(p) = probe_every {
+            probe_at = Some(Instant::now() + p);
+        }
+        if Instant::now() < next {
+            continue; // only a probe of a bound guard's connections
         }
         match state.extend() {
             Ok(_) => next = Instant::now() + period,
@@ -407,12 +519,7 @@ fn run_watchdog(state: &State, watchdog: &Watchdog) {
                 next = Instant::now() + period / 4;
             }
             Err(e) => {
-                let causes = match e {
-                    LockError::Held { causes }
-                    | LockError::Unreachable { causes }
-                    | LockError::Refused { causes }
-                    | LockError::Expired { causes } => causes,
-                };
+                let causes = e.causes().to_vec();
                 let causes = if causes.is_empty() {
                     last_causes
                 } else {

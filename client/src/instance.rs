@@ -11,7 +11,8 @@
 //! connection, never across I/O, so no request ever queues behind another one: in particular a
 //! lease's extend or release never waits for a blocking wait on the same client. In the common
 //! case (one request at a time) that is one short-command connection, plus one more per
-//! concurrent blocking wait.
+//! concurrent blocking wait. A bound hold's connections (see [`crate::bound`]) are not pooled:
+//! each belongs to one guard; [`exchange`] runs a request over either kind ([`Wire`]).
 //!
 //! # Timeouts
 //!
@@ -108,6 +109,21 @@ impl Instance {
         &self.name
     }
 
+    /// Bounds connecting and each reply.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Where the server listens.
+    pub(crate) fn addr(&self) -> &redis::ConnectionAddr {
+        &self.client.get_connection_info().addr
+    }
+
+    /// The AUTH (user, password) and SELECT (db) a new connection sends.
+    pub(crate) fn login(&self) -> (Option<&str>, Option<&str>, i64) {
+        (self.username.as_deref(), self.password.as_deref(), self.db)
+    }
+
     /// Opens a connection with every step bounded by the timeout.
     fn connect(&self) -> redis::RedisResult<Connection> {
         let mut conn = self.client.get_connection_with_timeout(self.timeout)?;
@@ -161,13 +177,50 @@ fn is_io(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
-/// Sends `cmds[i]` to `instances[i]` for every i at once and collects the replies. `wait` is
-/// the server-side WAIT of a blocking request (`None` for a short command): the connections
-/// then come from the blocking pools and the reply deadline is lengthened by the wait and
-/// [`WAIT_REPLY_MARGIN`].
+/// A connection one request at a time can use: a pooled [`Connection`], or a bound hold's
+/// dedicated connection ([`crate::bound::BoundLink`]).
+pub(crate) trait Wire: Send + Sized {
+    /// Opens one to `instance` (every step bounded by its timeout); the error's text otherwise.
+    fn open(instance: &Instance) -> Result<Self, String>;
+    /// Writes a packed command. After an error the connection is not used again.
+    fn send(&mut self, packed: &[u8]) -> Result<(), String>;
+    /// Reads one reply, waiting at most `timeout` (`None`: no limit). An error reply is
+    /// `Ok(Value::ServerError)` or `Err(Refused)`; the flag says whether the connection can still
+    /// carry requests after the error.
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Value, (Outcome, bool)>;
+}
+
+impl Wire for Connection {
+    fn open(instance: &Instance) -> Result<Self, String> {
+        instance.connect().map_err(|e| e.to_string())
+    }
+
+    fn send(&mut self, packed: &[u8]) -> Result<(), String> {
+        self.send_packed_command(packed).map_err(|e| e.to_string())
+    }
+
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Value, (Outcome, bool)> {
+        // After any failure the connection is dropped: it may still carry a late reply.
+        self.set_read_timeout(timeout)
+            .and_then(|_| self.recv_response())
+            .map_err(|e| {
+                if is_io(&e) {
+                    (Outcome::Unreachable(e.to_string()), false)
+                } else {
+                    (Outcome::Refused(e.to_string()), false)
+                }
+            })
+    }
+}
+
+/// Sends `cmds[i]` to `instances[i]` (where it is `Some`) for every i at once and collects the
+/// replies. `wait` is the server-side WAIT of a blocking request (`None` for a short command):
+/// the connections then come from the blocking pools and the reply deadline is lengthened by
+/// the wait and [`WAIT_REPLY_MARGIN`]. An instance without a command gets
+/// `Err(Unreachable("not sent"))`.
 pub(crate) fn scatter_gather(
     instances: &[Instance],
-    cmds: &[Cmd],
+    cmds: &[Option<Cmd>],
     wait: Option<Duration>,
 ) -> Vec<Result<Value, Outcome>> {
     let kind = if wait.is_some() {
@@ -177,20 +230,58 @@ pub(crate) fn scatter_gather(
     };
     // Connections owned by this request alone: nobody else waits for them, and we wait for
     // nobody.
-    let mut conns: Vec<Option<Connection>> = instances.iter().map(|i| i.take(kind)).collect();
-    let mut results: Vec<Option<Result<Value, Outcome>>> = vec![None; instances.len()];
+    let mut conns: Vec<Option<Connection>> = instances
+        .iter()
+        .zip(cmds)
+        .map(|(i, c)| c.as_ref().and_then(|_| i.take(kind)))
+        .collect();
+    let results = exchange(instances, &mut conns, cmds, wait);
+    // What is left was read in full: clean, ready for the next request.
+    for (i, conn) in instances.iter().zip(conns) {
+        if let Some(conn) = conn {
+            i.put_back(kind, conn);
+        }
+    }
+    results
+}
+
+/// The body of a request to several servers, on connections of any [`Wire`] kind: opens the
+/// missing connections (in parallel when more than one is missing), writes every command, then
+/// reads each reply against one shared deadline (see [`scatter_gather`] for `wait`). On return,
+/// `conns[i]` holds the connections that can carry another request (the others are dropped);
+/// an instance whose command is `None` is not touched.
+pub(crate) fn exchange<W: Wire>(
+    instances: &[Instance],
+    conns: &mut [Option<W>],
+    cmds: &[Option<Cmd>],
+    wait: Option<Duration>,
+) -> Vec<Result<Value, Outcome>> {
+    let mut results: Vec<Option<Result<Value, Outcome>>> = cmds
+        .iter()
+        .map(|c| match c {
+            Some(_) => None,
+            None => Some(Err(Outcome::Unreachable("not sent".into()))),
+        })
+        .collect();
 
     // Connect what is not connected, in parallel when more than one needs it.
-    let missing = conns.iter().filter(|c| c.is_none()).count();
-    let connect = |i: &Instance, slot: &mut Option<Connection>| -> Option<Outcome> {
-        match i.connect() {
+    let needs = |slot: &Option<W>, result: &Option<Result<Value, Outcome>>| {
+        slot.is_none() && result.is_none()
+    };
+    let missing = conns
+        .iter()
+        .zip(&results)
+        .filter(|(c, r)| needs(c, r))
+        .count();
+    let connect = |i: &Instance, slot: &mut Option<W>| -> Option<Outcome> {
+        match W::open(i) {
             Ok(c) => {
                 *slot = Some(c);
                 None
             }
             Err(e) => {
                 i.forget_idle();
-                Some(Outcome::Unreachable(e.to_string()))
+                Some(Outcome::Unreachable(e))
             }
         }
     };
@@ -199,14 +290,10 @@ pub(crate) fn scatter_gather(
             let handles: Vec<_> = instances
                 .iter()
                 .zip(conns.iter_mut())
-                .map(|(i, slot)| {
-                    s.spawn(move || {
-                        if slot.is_none() {
-                            connect(i, slot)
-                        } else {
-                            None
-                        }
-                    })
+                .zip(&results)
+                .map(|((i, slot), result)| {
+                    let todo = needs(slot, result);
+                    s.spawn(move || if todo { connect(i, slot) } else { None })
                 })
                 .collect();
             handles
@@ -222,8 +309,9 @@ pub(crate) fn scatter_gather(
         instances
             .iter()
             .zip(conns.iter_mut())
-            .map(|(i, slot)| {
-                if slot.is_none() {
+            .zip(&results)
+            .map(|((i, slot), result)| {
+                if needs(slot, result) {
                     connect(i, slot)
                 } else {
                     None
@@ -247,14 +335,14 @@ pub(crate) fn scatter_gather(
         if result.is_some() {
             continue;
         }
-        let Some(conn) = slot.as_mut() else {
+        let (Some(conn), Some(cmd)) = (slot.as_mut(), cmd) else {
             *result = Some(Err(Outcome::Unreachable("no connection".into())));
             continue;
         };
-        if let Err(e) = conn.send_packed_command(&cmd.get_packed_command()) {
+        if let Err(e) = conn.send(&cmd.get_packed_command()) {
             *slot = None;
             i.forget_idle();
-            *result = Some(Err(Outcome::Unreachable(e.to_string())));
+            *result = Some(Err(Outcome::Unreachable(e)));
         }
     }
 
@@ -276,7 +364,7 @@ pub(crate) fn scatter_gather(
         if result.is_some() {
             continue;
         }
-        let Some(mut conn) = slot.take() else {
+        let Some(conn) = slot.as_mut() else {
             *result = Some(Err(Outcome::Unreachable("no connection".into())));
             continue;
         };
@@ -284,28 +372,22 @@ pub(crate) fn scatter_gather(
             d.saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
         });
-        let reply = conn
-            .set_read_timeout(left)
-            .and_then(|_| conn.recv_response());
-        *result = Some(match reply {
-            Ok(v) => {
-                // A whole reply was read: the connection is clean, ready for the next request.
-                i.put_back(kind, conn);
-                match v {
-                    Value::ServerError(e) => Err(Outcome::Refused(format!(
-                        "{} {}",
-                        e.code(),
-                        e.details().unwrap_or("")
-                    ))),
-                    v => Ok(v),
+        *result = Some(match conn.recv(left) {
+            Ok(Value::ServerError(e)) => Err(Outcome::Refused(format!(
+                "{} {}",
+                e.code(),
+                e.details().unwrap_or("")
+            ))),
+            Ok(v) => Ok(v),
+            Err((outcome, usable)) => {
+                if !usable {
+                    *slot = None;
                 }
+                if matches!(outcome, Outcome::Unreachable(_)) {
+                    i.forget_idle();
+                }
+                Err(outcome)
             }
-            // The connection is dropped here: it may still carry a late reply.
-            Err(e) if is_io(&e) => {
-                i.forget_idle();
-                Err(Outcome::Unreachable(e.to_string()))
-            }
-            Err(e) => Err(Outcome::Refused(e.to_string())),
         });
     }
     results

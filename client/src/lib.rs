@@ -8,7 +8,9 @@
 //!
 //! Both hand out a [`LockGuard`]: its fencing token(s), its remaining validity, `extend`,
 //! `release`, release on drop (best effort), and an optional [`Watchdog`] that keeps extending
-//! the lease and reports a lost lock.
+//! the lease and reports a lost lock. A hold can also be bound to a connection of the guard's
+//! own ([`Acquire::bind`]) and carry a lock-delay ([`Acquire::lock_delay`]): see
+//! [bound holds](#bound-holds).
 //!
 //! # Connections
 //!
@@ -27,6 +29,47 @@
 //! opened first). A blocking acquire's reply may take its wait plus the timeout plus a margin
 //! of one second: a read timeout never cuts a long wait short. After an I/O failure the
 //! connection is dropped (it may still carry a late reply) and a new one is opened next time.
+//!
+//! A bound acquire ([`Acquire::bind`]) uses none of these: see below.
+//!
+//! # Bound holds
+//!
+//! With [`Acquire::bind`] the acquire is sent with `BIND`, and the server ends the hold the
+//! moment the connection that sent it closes (as by `LOCK.RELEASE key owner ALL`), instead of
+//! leaving it until its ttl. So a guard whose process dies, or whose connection the server kills
+//! or times out, frees the lock at once; the ttl still applies too.
+//!
+//! - **One connection per bound guard and server.** The acquire opens a new connection to each
+//!   server (named [`BOUND_CLIENT_NAME`] with `CLIENT SETNAME`, so `CLIENT LIST` shows it),
+//!   also for a waiting acquire; it is never pooled nor shared. The guard keeps the ones its
+//!   grants came on; its extends (the watchdog's too) and its release go over them (while the
+//!   watchdog's extend is using one, another request of the guard goes over a pooled connection
+//!   instead, so nothing waits for it). Release and drop send `LOCK.RELEASE ... ALL` on each and
+//!   then close it: the release comes first, so a lock-delay does not start. A connection whose
+//!   acquire was not granted is closed; if its reply did not come in time, a release is written
+//!   behind it first (a late grant is then released, and a wait still queued ends with the
+//!   close). A Redlock attempt that fails releases over its connections and keeps them for the
+//!   next attempt, which uses a new owner.
+//! - **A slow server does not cost the hold.** A reply that times out on a bound connection is
+//!   not a reason to close it (which would end the hold): the late reply is skipped when it
+//!   comes. Such an extend counts as unanswered, as on a pooled connection.
+//! - **Loss.** A bound guard is lost once fewer than a quorum of its connections are open (one
+//!   for [`LockClient`], N/2+1 for [`Redlock`]): a connection is found closed when the server
+//!   has closed it (end of stream, reset, or anything it sends unasked) or a request on it
+//!   fails. Every [`LockGuard::is_lost`] and [`LockGuard::validity`] checks the idle
+//!   connections without blocking and without sending anything (the socket is read in
+//!   non-blocking mode), so it sees a closing within moments of its arrival, without a
+//!   watchdog. A watchdog checks them the same way every 100 ms between extends and reports the
+//!   loss ([`LostLock::causes`] names the closed connections). A closing that never reaches this
+//!   machine (a network partition) is not seen: the lease's validity still bounds that case,
+//!   as for any lease. Note Redis's `timeout` setting (idle clients): it closes a bound
+//!   connection that carried nothing for that long, so keep it 0 (the default), or longer than
+//!   the extend period of a watchdog (whose extends use the connection).
+//! - **Lock-delay.** [`Acquire::lock_delay`] (write locks only; a read request with it fails
+//!   with [`LockError::InvalidRequest`] before anything is sent) makes the server grant the lock
+//!   to nobody for that long after the hold ends other than by a release: ttl run out, bound
+//!   connection closed. A holder that was paused past its loss cannot then overlap with the next
+//!   one, provided it is back within the delay.
 //!
 //! # Validity and loss
 //!
@@ -79,6 +122,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod bound;
 mod guard;
 mod instance;
 
@@ -88,7 +132,9 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use redis::{Cmd, Value};
 
+use crate::bound::BoundLink;
 use crate::instance::millis;
+pub use bound::BOUND_CLIENT_NAME;
 pub use guard::{LockGuard, LostLock, Watchdog};
 pub use instance::{Instance, Outcome};
 
@@ -99,14 +145,20 @@ pub enum Mode {
     Read,
 }
 
-/// What to acquire: mode, lease, how long to wait, and an optional watchdog.
+/// What to acquire: mode, lease, how long to wait, and the options: a watchdog, a hold bound to
+/// a connection ([`Acquire::bind`]), a lock-delay ([`Acquire::lock_delay`]).
 #[derive(Clone)]
 pub struct Acquire {
     pub(crate) mode: Mode,
     pub(crate) ttl: Duration,
     pub(crate) wait: Option<Duration>,
     pub(crate) watchdog: Option<Watchdog>,
+    pub(crate) bind: bool,
+    pub(crate) lock_delay: Option<Duration>,
 }
+
+/// The largest lock-delay the module accepts: 2^47 ms.
+const MAX_LOCK_DELAY_MS: u128 = 1 << 47;
 
 impl Acquire {
     /// An exclusive lock held for `ttl` unless extended.
@@ -116,6 +168,8 @@ impl Acquire {
             ttl,
             wait: None,
             watchdog: None,
+            bind: false,
+            lock_delay: None,
         }
     }
 
@@ -138,6 +192,65 @@ impl Acquire {
         self.watchdog = Some(watchdog);
         self
     }
+
+    /// Binds the hold to a connection (`BIND`): the guard opens a connection of its own to each
+    /// server for this acquire (also for a waiting one), keeps it for as long as it lives and
+    /// closes it when released or dropped; if the connection closes first (the process dies, the
+    /// server kills or times out the connection, the network resets it), the server ends the hold
+    /// at once instead of at its ttl, and the guard is lost. The ttl still applies. See the
+    /// [crate documentation](crate#bound-holds).
+    pub fn bind(mut self) -> Self {
+        self.bind = true;
+        self
+    }
+
+    /// Lock-delay (`LOCKDELAY`), for write locks only: when this hold ends *other than by a
+    /// release* (its ttl passes, its bound connection closes), the server grants the lock to
+    /// nobody until `delay` later, so a holder that was paused and wakes up late cannot overlap
+    /// with the next one. Rounded up to whole milliseconds; zero means none. Asking it of a read
+    /// lock, or more than 2^47 ms, fails with [`LockError::InvalidRequest`] before anything is
+    /// sent.
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = Some(delay);
+        self
+    }
+
+    /// Refuses, before anything is sent, what the server would refuse.
+    fn check(&self) -> Result<(), LockError> {
+        if let Some(delay) = self.lock_delay {
+            if self.mode == Mode::Read {
+                return Err(LockError::InvalidRequest {
+                    reason: "lock_delay applies to write locks only, not to read locks".into(),
+                });
+            }
+            if delay.as_nanos().div_ceil(1_000_000) > MAX_LOCK_DELAY_MS {
+                return Err(LockError::InvalidRequest {
+                    reason: format!("lock_delay {delay:?} is over 2^47 ms"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// LOCK.ACQUIRE / LOCK.RWREAD with its options; `wait` is the server-side WAIT.
+    fn command(&self, key: &str, owner: &str, wait: Option<Duration>) -> Cmd {
+        let mut cmd = redis::cmd(match self.mode {
+            Mode::Write => "LOCK.ACQUIRE",
+            Mode::Read => "LOCK.RWREAD",
+        });
+        cmd.arg(key).arg(owner).arg(millis(self.ttl));
+        if let Some(w) = wait {
+            cmd.arg("WAIT").arg(millis(w));
+        }
+        if self.bind {
+            cmd.arg("BIND");
+        }
+        if let Some(delay) = self.lock_delay.filter(|d| !d.is_zero()) {
+            let ms = u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+            cmd.arg("LOCKDELAY").arg(ms);
+        }
+        cmd
+    }
 }
 
 /// Why a lock was not acquired. Every variant lists what each instance answered.
@@ -152,6 +265,12 @@ pub enum LockError {
     /// The lock's validity ran out while acquiring it (the instances were too slow), or before
     /// an extend of it was confirmed.
     Expired { causes: Vec<(String, Outcome)> },
+    /// A bound lock: its connections to too many instances closed, which ended the hold there
+    /// (the causes name them).
+    Disconnected { causes: Vec<(String, Outcome)> },
+    /// The request was refused before anything was sent (for example a lock-delay on a read
+    /// lock).
+    InvalidRequest { reason: String },
 }
 
 impl LockError {
@@ -161,7 +280,9 @@ impl LockError {
             LockError::Held { causes }
             | LockError::Unreachable { causes }
             | LockError::Refused { causes }
-            | LockError::Expired { causes } => causes,
+            | LockError::Expired { causes }
+            | LockError::Disconnected { causes } => causes,
+            LockError::InvalidRequest { .. } => &[],
         }
     }
 }
@@ -173,6 +294,10 @@ impl std::fmt::Display for LockError {
             LockError::Unreachable { .. } => "too few lock instances reachable",
             LockError::Refused { .. } => "lock request refused",
             LockError::Expired { .. } => "lock validity ran out",
+            LockError::Disconnected { .. } => "bound lock's connections closed",
+            LockError::InvalidRequest { reason } => {
+                return write!(f, "invalid lock request: {reason}");
+            }
         };
         write!(f, "{what}:")?;
         for (name, outcome) in self.causes() {
@@ -194,62 +319,101 @@ impl Servers {
     /// The same command to every server at once; `wait` for a blocking request (see
     /// [`instance::scatter_gather`]).
     fn run(&self, cmd: &Cmd, wait: Option<Duration>) -> Vec<Result<Value, Outcome>> {
-        let cmds = vec![cmd.clone(); self.instances.len()];
+        let cmds = vec![Some(cmd.clone()); self.instances.len()];
         instance::scatter_gather(&self.instances, &cmds, wait)
     }
 
-    /// LOCK.ACQUIRE / LOCK.RWREAD everywhere, with server-side WAIT when `wait` is set.
+    /// LOCK.ACQUIRE / LOCK.RWREAD everywhere over pooled connections, with server-side WAIT
+    /// when `wait` is set.
     pub(crate) fn acquire(
         &self,
         key: &str,
         owner: &str,
-        mode: Mode,
-        ttl: Duration,
+        request: &Acquire,
         wait: Option<Duration>,
     ) -> Vec<Outcome> {
-        let mut cmd = redis::cmd(match mode {
-            Mode::Write => "LOCK.ACQUIRE",
-            Mode::Read => "LOCK.RWREAD",
-        });
-        cmd.arg(key).arg(owner).arg(millis(ttl));
-        if let Some(w) = wait {
-            cmd.arg("WAIT").arg(millis(w));
-        }
-        self.run(&cmd, wait)
+        self.run(&request.command(key, owner, wait), wait)
             .into_iter()
-            .map(|r| match r {
-                Ok(Value::Int(t)) => Outcome::Granted(u64::try_from(t).unwrap_or(0)),
-                Ok(Value::Nil) => Outcome::Held,
-                Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
-                Err(o) => o,
-            })
+            .map(acquire_outcome)
             .collect()
+    }
+
+    /// The same over bound connections: `links[i]` is used for server i, opened when `None`.
+    /// On return `links[i]` holds the connections that can carry more requests: the one a
+    /// grant came on, and also one whose reply timed out (it may still grant).
+    pub(crate) fn acquire_bound(
+        &self,
+        links: &mut [Option<BoundLink>],
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+        wait: Option<Duration>,
+    ) -> Vec<Outcome> {
+        let cmds = vec![Some(request.command(key, owner, wait)); self.instances.len()];
+        instance::exchange(&self.instances, links, &cmds, wait)
+            .into_iter()
+            .map(acquire_outcome)
+            .collect()
+    }
+
+    /// After a bound acquire that is not used (or for the servers that did not grant): closes
+    /// the connections, each behind a `LOCK.RELEASE ... ALL` where it granted or may still grant
+    /// (its reply timed out), so that no hold is left and no lock-delay starts. Does not wait.
+    pub(crate) fn discard(
+        &self,
+        links: Vec<Option<BoundLink>>,
+        outcomes: &[Outcome],
+        key: &str,
+        owner: &str,
+    ) {
+        let release = release_cmd(key, owner);
+        for (link, outcome) in links.into_iter().zip(outcomes) {
+            if let Some(link) = link {
+                if matches!(outcome, Outcome::Granted(_) | Outcome::Unreachable(_)) {
+                    link.abandon(&release);
+                }
+            }
+        }
+    }
+
+    /// After a failed bound attempt (Redlock): `LOCK.RELEASE ... ALL` over the bound connection
+    /// of every server that granted or may still grant, waiting for the replies, so the
+    /// connections can carry the next attempt (a release on the same connection is answered
+    /// before anything sent after it).
+    pub(crate) fn release_bound(
+        &self,
+        links: &mut [Option<BoundLink>],
+        outcomes: &[Outcome],
+        key: &str,
+        owner: &str,
+    ) {
+        let release = release_cmd(key, owner);
+        let cmds: Vec<Option<Cmd>> = links
+            .iter()
+            .zip(outcomes)
+            .map(|(l, o)| {
+                (l.is_some() && matches!(o, Outcome::Granted(_) | Outcome::Unreachable(_)))
+                    .then(|| release.clone())
+            })
+            .collect();
+        if cmds.iter().any(Option::is_some) {
+            instance::exchange(&self.instances, links, &cmds, None);
+        }
     }
 
     /// LOCK.EXTEND everywhere: Granted where the owner still holds the lock.
     pub(crate) fn extend(&self, key: &str, owner: &str, ttl: Duration) -> Vec<Outcome> {
-        let mut cmd = redis::cmd("LOCK.EXTEND");
-        cmd.arg(key).arg(owner).arg(millis(ttl));
-        self.run(&cmd, None)
+        self.run(&extend_cmd(key, owner, ttl), None)
             .into_iter()
-            .map(|r| match r {
-                Ok(Value::Int(_)) => Outcome::Granted(0),
-                Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
-                Err(o) => o,
-            })
+            .map(extend_outcome)
             .collect()
     }
 
     /// LOCK.RELEASE ... ALL everywhere (NOTOWNER counts as done: the hold is gone either way).
     pub(crate) fn release(&self, key: &str, owner: &str) -> Vec<Outcome> {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(key).arg(owner).arg("ALL");
-        self.run(&cmd, None)
+        self.run(&release_cmd(key, owner), None)
             .into_iter()
-            .map(|r| match r {
-                Err(Outcome::Unreachable(e)) => Outcome::Unreachable(e),
-                _ => Outcome::Granted(0),
-            })
+            .map(release_outcome)
             .collect()
     }
 
@@ -260,6 +424,48 @@ impl Servers {
             .zip(outcomes)
             .collect()
     }
+}
+
+fn acquire_outcome(r: Result<Value, Outcome>) -> Outcome {
+    match r {
+        Ok(Value::Int(t)) => Outcome::Granted(u64::try_from(t).unwrap_or(0)),
+        Ok(Value::Nil) => Outcome::Held,
+        Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
+        Err(o) => o,
+    }
+}
+
+pub(crate) fn extend_cmd(key: &str, owner: &str, ttl: Duration) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.EXTEND");
+    cmd.arg(key).arg(owner).arg(millis(ttl));
+    cmd
+}
+
+pub(crate) fn extend_outcome(r: Result<Value, Outcome>) -> Outcome {
+    match r {
+        Ok(Value::Int(_)) => Outcome::Granted(0),
+        Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
+        Err(o) => o,
+    }
+}
+
+pub(crate) fn release_cmd(key: &str, owner: &str) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.RELEASE");
+    cmd.arg(key).arg(owner).arg("ALL");
+    cmd
+}
+
+/// NOTOWNER counts as done: the hold is gone either way.
+pub(crate) fn release_outcome(r: Result<Value, Outcome>) -> Outcome {
+    match r {
+        Err(Outcome::Unreachable(e)) => Outcome::Unreachable(e),
+        _ => Outcome::Granted(0),
+    }
+}
+
+/// `n` empty bound-connection slots.
+fn no_links(n: usize) -> Vec<Option<BoundLink>> {
+    (0..n).map(|_| None).collect()
 }
 
 /// Clock drift allowance for a lease of `ttl`: 1% of it plus 2 ms (as Redlock specifies).
@@ -277,7 +483,8 @@ fn random_owner() -> String {
 /// `Arc` or borrow it in scoped threads): short commands go through one connection (a further
 /// one only while two run at the same moment) and every waiting acquire through a connection
 /// of its own, so a wait never delays another thread's request, nor the extends and releases of
-/// this client's guards. See the [crate documentation](crate#connections).
+/// this client's guards. A bound acquire has a connection of its own for the guard's whole
+/// life. See the [crate documentation](crate#connections).
 pub struct LockClient {
     servers: Arc<Servers>,
 }
@@ -296,14 +503,22 @@ impl LockClient {
 
     /// Acquires a lock as `request` says. Waiting is done by the server (FIFO queue).
     pub fn acquire(&self, key: &str, request: Acquire) -> Result<LockGuard, LockError> {
+        request.check()?;
         let owner = random_owner();
         let started = Instant::now();
-        let outcomes = self
-            .servers
-            .acquire(key, &owner, request.mode, request.ttl, request.wait);
+        let mut links = request.bind.then(|| no_links(1));
+        let outcomes = match links.as_mut() {
+            Some(links) => self
+                .servers
+                .acquire_bound(links, key, &owner, &request, request.wait),
+            None => self.servers.acquire(key, &owner, &request, request.wait),
+        };
         let token = match outcomes.first() {
             Some(Outcome::Granted(t)) => *t,
             _ => {
+                if let Some(links) = links {
+                    self.servers.discard(links, &outcomes, key, &owner);
+                }
                 let causes = self.servers.named(outcomes);
                 return Err(classify(&causes, 1));
             }
@@ -326,6 +541,7 @@ impl LockClient {
             request,
             vec![(0, token)],
             deadline,
+            links,
         ))
     }
 
@@ -376,7 +592,8 @@ fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
 /// Redlock: one lock over N independent servers (N/2+1 must grant it).
 ///
 /// A `Redlock` can be shared by threads: every request takes its own connection to each
-/// server (pooled, see the [crate documentation](crate#connections)), so concurrent requests
+/// server (pooled, or a bound guard's own: see the [crate documentation](crate#connections)),
+/// so concurrent requests
 /// never wait for one another. Its acquire never blocks on a server (waiting on one server
 /// while holding another could deadlock): with `wait` it retries client-side, after a random
 /// delay.
@@ -418,15 +635,29 @@ impl Redlock {
     /// Acquires the lock on a majority. Without `wait`, one attempt; with it, attempts repeat
     /// (after a random delay) until the wait is over. A failed attempt is released everywhere.
     pub fn acquire(&self, key: &str, request: Acquire) -> Result<LockGuard, LockError> {
-        let owner = random_owner();
+        request.check()?;
+        let same_owner = random_owner();
         let give_up = Instant::now() + request.wait.unwrap_or_default();
         let quorum = self.servers.quorum;
+        // A bound request's connections, kept from one attempt to the next.
+        let mut links = request.bind.then(|| no_links(self.servers.instances.len()));
         loop {
+            // A bound request takes a new owner for each attempt: a hold of an earlier attempt
+            // that is still bound to a connection we gave up on is then never re-entered (a
+            // re-entry would keep that connection's binding).
+            let owner = if request.bind {
+                random_owner()
+            } else {
+                same_owner.clone()
+            };
             let started = Instant::now();
             // Never block on a server: waiting on one while holding another could deadlock.
-            let outcomes = self
-                .servers
-                .acquire(key, &owner, request.mode, request.ttl, None);
+            let outcomes = match links.as_mut() {
+                Some(links) => self
+                    .servers
+                    .acquire_bound(links, key, &owner, &request, None),
+                None => self.servers.acquire(key, &owner, &request, None),
+            };
             let elapsed = started.elapsed();
             let tokens: Vec<(usize, u64)> = outcomes
                 .iter()
@@ -439,6 +670,20 @@ impl Redlock {
             let validity = request.ttl.checked_sub(elapsed + drift(request.ttl));
             if tokens.len() >= quorum {
                 if let Some(validity) = validity.filter(|v| !v.is_zero()) {
+                    // The guard keeps the connections of the servers that granted; the others
+                    // are closed (behind a release where a late grant may still come).
+                    let links = links.take().map(|all| {
+                        let (kept, others): (Vec<_>, Vec<_>) = all
+                            .into_iter()
+                            .zip(&outcomes)
+                            .map(|(l, o)| match o {
+                                Outcome::Granted(_) => (l, None),
+                                _ => (None, l),
+                            })
+                            .unzip();
+                        self.servers.discard(others, &outcomes, key, &owner);
+                        kept
+                    });
                     return Ok(LockGuard::new(
                         Arc::clone(&self.servers),
                         key,
@@ -446,17 +691,23 @@ impl Redlock {
                         request,
                         tokens,
                         started + elapsed + validity,
+                        links,
                     ));
                 }
             }
             // Not a usable majority: give back what we got (and whatever a slow server may
             // still grant later), then decide whether to try again.
-            if !tokens.is_empty()
-                || outcomes
-                    .iter()
-                    .any(|o| matches!(o, Outcome::Unreachable(_)))
-            {
-                self.servers.release(key, &owner);
+            match links.as_mut() {
+                Some(links) => self.servers.release_bound(links, &outcomes, key, &owner),
+                None => {
+                    if !tokens.is_empty()
+                        || outcomes
+                            .iter()
+                            .any(|o| matches!(o, Outcome::Unreachable(_)))
+                    {
+                        self.servers.release(key, &owner);
+                    }
+                }
             }
             let causes = self.servers.named(outcomes);
             let error = if tokens.len() >= quorum {
