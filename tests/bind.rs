@@ -169,8 +169,9 @@ fn the_end_of_a_bound_hold_is_notified_and_reaches_replicas() {
     pubsub.psubscribe("__keyevent@0__:lock.*").unwrap();
     pubsub.set_read_timeout(Some(PATIENCE)).unwrap();
 
-    let (holder, _) = bound_holder(&master, "k", "h");
-    assert_eq!(int(&mut m, &["WAIT", "1", "5000"]), 1);
+    let (mut holder, _) = bound_holder(&master, "k", "h");
+    // WAIT counts the replicas that have this connection's writes.
+    assert_eq!(int(&mut holder, &["WAIT", "1", "5000"]), 1);
     assert_eq!(holders(&mut r, "k"), vec![("h".to_string(), 1)]);
     drop(holder);
     let mut names = Vec::new();

@@ -369,3 +369,27 @@ fn bad_lock_delay_and_bind_options_change_nothing() {
         ) > 0
     );
 }
+
+/// RESP2 clients may read LOCK.INFO by position: the first five fields keep their places and
+/// `delay` comes after them.
+#[test]
+fn lock_info_keeps_the_first_five_fields_in_place_and_adds_delay_after() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "h", LONG]);
+    let Ok(Value::Array(items)) = query(&mut c, &["LOCK.INFO", "k"]) else {
+        panic!("LOCK.INFO is not a flat array in RESP2");
+    };
+    let names: Vec<String> = items
+        .iter()
+        .step_by(2)
+        .map(|v| match v {
+            Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
+            other => panic!("field name {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["fence", "holders", "mode", "queue", "waiting", "delay"]
+    );
+}

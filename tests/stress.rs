@@ -1,15 +1,18 @@
 //! Randomized stress against a real server, with a checker over the recorded history.
 //!
-//! Workers acquire / read / extend / release / abandon locks on a few keys with random TTLs
-//! and WAIT timeouts, a chaos thread kills their connections and deletes keys, and a monitor
-//! PINGs throughout. Every grant is recorded as a *definite* hold interval, from the grant's
-//! reply arriving to the earliest of: the release being sent, the request being sent plus the
-//! TTL (after an EXTEND: the extend being sent plus its TTL), or a DEL that may have run after
-//! the grant. The server held the lock
-//! for that owner during all of that interval, so:
+//! Workers acquire / read / extend / release / abandon locks on a few keys with random TTLs,
+//! WAIT timeouts, BIND and LOCKDELAY, a chaos thread kills their connections and deletes keys,
+//! and a monitor PINGs throughout. Every grant is recorded as a *definite* hold interval, from
+//! the grant's reply arriving to the earliest of: the release being sent, the request being sent
+//! plus the TTL (after an EXTEND: the extend being sent plus its TTL), a DEL that may have run
+//! after the grant, or (for a BIND hold) a CLIENT KILL of its connection that may have run after
+//! the grant. The server held the lock for that owner during all of that interval, so:
 //! - two conflicting definite intervals (a writer and anyone else) on one key must not overlap;
 //! - when one grant's reply arrived before another grant's request was sent on the same key,
-//!   the server granted it first, so its token must be smaller.
+//!   the server granted it first, so its token must be smaller;
+//! - a LOCKDELAY hold that was not released and not cut by a DEL ended no earlier than its
+//!   definite end, so no grant requested after it was granted may arrive before that end plus
+//!   its delay.
 //!
 //! Time-bounded: STRESS_SECONDS (default 30).
 
@@ -52,6 +55,11 @@ struct Hold {
     sent: Instant,
     start: Instant,
     end: Instant,
+    /// The connection's client id, for a BIND hold.
+    bound: Option<i64>,
+    /// LOCKDELAY (exclusive holds only).
+    delay: Duration,
+    released: bool,
 }
 
 #[derive(Default)]
@@ -59,13 +67,15 @@ struct History {
     holds: Vec<Hold>,
     /// (key, DEL sent, DEL reply received): it ran somewhere in between.
     dels: Vec<(usize, Instant, Instant)>,
+    /// (client id, CLIENT KILL sent, its reply received).
+    kills: Vec<(i64, Instant, Instant)>,
 }
 
-fn connect(server: &Server, ids: &Mutex<HashMap<usize, i64>>, me: usize) -> Connection {
+fn connect(server: &Server, ids: &Mutex<HashMap<usize, i64>>, me: usize) -> (Connection, i64) {
     let mut c = server.client();
     let id = client_id(&mut c);
     ids.lock().unwrap().insert(me, id);
-    c
+    (c, id)
 }
 
 #[test]
@@ -95,7 +105,7 @@ fn random_operations_never_grant_conflicting_holds() {
             );
             s.spawn(move || {
                 let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((w as u64 + 1) * 0x1234_5678_9abc_def1));
-                let mut conn = connect(server, &ids, w);
+                let (mut conn, mut conn_id) = connect(server, &ids, w);
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     n += 1;
@@ -114,6 +124,16 @@ fn random_operations_never_grant_conflicting_holds() {
                     if rng.below(4) != 0 {
                         words.push("WAIT".into());
                         words.push(rng.below(200).to_string());
+                    }
+                    let bind = rng.below(3) == 0;
+                    if bind {
+                        words.push("BIND".into());
+                    }
+                    let mut delay = Duration::ZERO;
+                    if write && rng.below(3) == 0 {
+                        delay = Duration::from_millis(rng.below(100));
+                        words.push("LOCKDELAY".into());
+                        words.push(delay.as_millis().to_string());
                     }
                     let refs: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
                     let sent = Instant::now();
@@ -139,7 +159,7 @@ fn random_operations_never_grant_conflicting_holds() {
                         Err(e)
                             if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() =>
                         {
-                            conn = connect(server, &ids, w);
+                            (conn, conn_id) = connect(server, &ids, w);
                             continue;
                         }
                         Err(e) => panic!("{refs:?}: {e:?}"),
@@ -147,7 +167,8 @@ fn random_operations_never_grant_conflicting_holds() {
                     let mut end = sent + Duration::from_millis(ttl) - CLOCK_MARGIN;
                     // Hold for a while, maybe extend, then release or abandon.
                     thread::sleep(Duration::from_millis(rng.below(30)));
-                    if rng.below(4) == 0 {
+                    // A delayed hold is not extended: its delay check assumes the first lease.
+                    if delay.is_zero() && rng.below(4) == 0 {
                         let ext = 20 + rng.below(300);
                         let ext_sent = Instant::now();
                         if let Ok(Value::Int(1)) =
@@ -158,7 +179,9 @@ fn random_operations_never_grant_conflicting_holds() {
                             end = ext_sent + Duration::from_millis(ext) - CLOCK_MARGIN;
                         }
                     }
-                    if rng.below(8) != 0 {
+                    // Delayed holds are abandoned more often, so the delay check has cases.
+                    let released = rng.below(if delay.is_zero() { 8 } else { 2 }) != 0;
+                    if released {
                         let release_sent = Instant::now();
                         end = end.min(release_sent);
                         let _ = query(&mut conn, &["LOCK.RELEASE", &name, &owner, "ALL"]);
@@ -171,6 +194,9 @@ fn random_operations_never_grant_conflicting_holds() {
                         sent,
                         start,
                         end,
+                        bound: bind.then_some(conn_id),
+                        delay,
+                        released,
                     });
                 }
             });
@@ -200,7 +226,13 @@ fn random_operations_never_grant_conflicting_holds() {
                             .get(&(rng.below(WORKERS as u64) as usize))
                             .copied();
                         if let Some(id) = victim {
+                            let sent = Instant::now();
                             let _ = query(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
+                            history
+                                .lock()
+                                .unwrap()
+                                .kills
+                                .push((id, sent, Instant::now()));
                         }
                     }
                 }
@@ -237,10 +269,43 @@ fn random_operations_never_grant_conflicting_holds() {
     // the request being sent and its reply, the DEL between its own send and reply: a DEL whose
     // reply came after the grant's request was sent may have run after the grant, as early as
     // max(DEL sent, request sent). Cut the definite interval there (possibly to nothing).
-    for h in &mut holds {
+    // A DEL also ends a lock-delay: a hold with a DEL anywhere near it is left out of the delay
+    // check. A CLIENT KILL of a bound hold's connection ends the hold like a DEL would, and
+    // starts its delay (no earlier than the kill was sent: the definite end covers that).
+    let mut delay_checked = vec![true; holds.len()];
+    for (i, h) in holds.iter_mut().enumerate() {
         for (key, del_sent, del_reply) in &history.dels {
             if *key == h.key && *del_reply > h.sent && *del_sent < h.end {
                 h.end = h.end.min((*del_sent).max(h.sent));
+            }
+            if *key == h.key && *del_reply > h.sent && *del_sent < h.end + h.delay {
+                delay_checked[i] = false;
+            }
+        }
+        if let Some(id) = h.bound {
+            for (killed, kill_sent, kill_reply) in &history.kills {
+                if *killed == id && *kill_reply > h.sent && *kill_sent < h.end {
+                    h.end = h.end.min((*kill_sent).max(h.sent));
+                }
+            }
+        }
+    }
+    let mut early = Vec::new();
+    let mut after_delay = 0;
+    for (i, a) in holds.iter().enumerate() {
+        if a.delay.is_zero() || a.released || !delay_checked[i] {
+            continue;
+        }
+        let delay_end = a.end + a.delay;
+        // The first grant requested after `a` was granted: it had to wait for the delay.
+        let next = holds
+            .iter()
+            .filter(|b| b.key == a.key && b.owner != a.owner && b.sent > a.start)
+            .min_by_key(|b| b.start);
+        if let Some(b) = next {
+            after_delay += 1;
+            if b.start < delay_end {
+                early.push((a.clone(), b.clone()));
             }
         }
     }
@@ -264,15 +329,29 @@ fn random_operations_never_grant_conflicting_holds() {
     }
     let grants = holds.len();
     let writes = holds.iter().filter(|h| h.write).count();
+    let bound = holds.iter().filter(|h| h.bound.is_some()).count();
+    let delayed = holds
+        .iter()
+        .enumerate()
+        .filter(|(i, h)| !h.delay.is_zero() && !h.released && delay_checked[*i])
+        .count();
     eprintln!(
-        "stress: {seconds} s, {} operations, {grants} grants ({writes} exclusive), {} DELs, \
-         max PING {:?}, {} PING failures, {} overlaps, {} misordered tokens",
+        "stress: {seconds} s, {} operations, {grants} grants ({writes} exclusive, {bound} bound, \
+         {delayed} abandoned with a lock-delay, {after_delay} grants after one), {} DELs, {} kills, max PING {:?}, \
+         {} PING failures, {} overlaps, {} misordered tokens, {} grants inside a lock-delay",
         ops.load(Ordering::Relaxed),
         history.dels.len(),
+        history.kills.len(),
         *max_ping.lock().unwrap(),
         ping_failures.load(Ordering::Relaxed),
         overlaps.len(),
-        misordered.len()
+        misordered.len(),
+        early.len()
+    );
+    assert!(
+        early.is_empty(),
+        "granted inside a lock-delay: {:?}",
+        &early[..early.len().min(3)]
     );
     assert!(grants > 100, "too few grants to mean anything: {grants}");
     assert!(

@@ -64,10 +64,14 @@ impl Command for Info {
             RedisValue::Integer(i64::try_from(lock.queue().len()).unwrap_or(i64::MAX)),
         );
         map.insert(field("queue"), RedisValue::Array(queue));
+        // Fields added after version 1 come after the first five, in the order they were added:
+        // RESP2 clients may read by position. The map orders keys by variant first, then by
+        // value, so a `BulkString` key sorts after every `String` key above.
+        let later_field = |name: &str| RedisValueKey::BulkString(name.as_bytes().to_vec());
         // Remaining ms of the lock-delay (0 for none); `mode` is `free` meanwhile.
         let delay = lock.delay_end(now).saturating_sub(now);
         map.insert(
-            field("delay"),
+            later_field("delay"),
             RedisValue::Integer(i64::try_from(delay).unwrap_or(i64::MAX)),
         );
         Ok(RedisValue::OrderedMap(map))
