@@ -182,12 +182,14 @@ impl<'a> LockKey<'a> {
             // Removals first, so a replica never sees a writer beside the readers it replaces.
             changed.sort_by_key(|o| value.lock.holders().get(o).is_some());
             for owner in &changed {
-                replication::replicate_owner(
-                    self.ctx,
-                    self.name.get().as_slice(),
-                    owner,
-                    &value.lock,
-                );
+                let holder = value.lock.holders().get(owner);
+                let key = self.name.get().as_slice();
+                replication::replicate_owner(self.ctx, key, owner, holder, &value.lock);
+                // Applying a master's LOCK.SYNC (replicate off) indexes nothing: a replica
+                // never ends bound holds on its own.
+                if let Some(conn) = holder.and_then(|h| h.options.bound_to()) {
+                    bound::index(conn, self.db, key);
+                }
             }
         }
         stats::update_gauges(before, Gauges::of(&value.lock));
@@ -199,20 +201,6 @@ impl<'a> LockKey<'a> {
             }
             self.raw.delete();
             return;
-        }
-        if self.replicate {
-            // Applying a master's LOCK.SYNC (replicate off) indexes nothing: a replica never
-            // ends bound holds on its own.
-            for owner in &changed {
-                if let Some(conn) = value
-                    .lock
-                    .holders()
-                    .get(owner)
-                    .and_then(|h| h.options.get().bound_to)
-                {
-                    bound::index(conn, self.db, self.name.get().as_slice());
-                }
-            }
         }
         let last: Option<Millis> = value.lock.last_expiry();
         timers::arm(self.ctx, self.db, self.name.get().as_slice(), value);

@@ -17,17 +17,24 @@
 //! send it. An AOF rewrite emits one `LOCK.SYNC` per holder.
 
 use redis_lock_core::sync::sync_state;
-use redis_lock_core::Lock;
+use redis_lock_core::{Holder, Lock};
 use redis_module::Context;
 
 use crate::stats;
 use crate::sys::context;
 use crate::sys::datatype::AofWriter;
 
-/// Propagates `owner`'s state on `lock` to replicas and the AOF.
-pub fn replicate_owner(ctx: &Context, key: &[u8], owner: &[u8], lock: &Lock) {
+/// Propagates `owner`'s state on `lock` (its hold, `None` when it has none) to replicas and
+/// the AOF.
+pub fn replicate_owner(
+    ctx: &Context,
+    key: &[u8],
+    owner: &[u8],
+    holder: Option<&Holder>,
+    lock: &Lock,
+) {
     let state = sync_state(
-        lock.holders().get(owner),
+        holder,
         lock.fence(),
         stats::last_token(),
         lock.delay_until(),

@@ -43,6 +43,9 @@ impl Holder {
 pub struct PackedOptions(Option<Box<HoldOptions>>);
 
 impl PackedOptions {
+    /// No options.
+    pub const NONE: PackedOptions = PackedOptions(None);
+
     pub fn new(options: HoldOptions) -> Self {
         if options == HoldOptions::default() {
             PackedOptions(None)
@@ -57,6 +60,11 @@ impl PackedOptions {
 
     pub fn is_none(&self) -> bool {
         self.0.is_none()
+    }
+
+    /// The bound connection, without copying the rest.
+    pub fn bound_to(&self) -> Option<u64> {
+        self.0.as_ref().and_then(|o| o.bound_to)
     }
 }
 

@@ -71,6 +71,7 @@ fn mode_byte(mode: Mode) -> u8 {
 
 /// The state of one owner after a change: its hold (`None` when it has none), the key's last
 /// token (`fence`), the module-wide counter and the key's pending lock-delay.
+#[inline]
 pub fn sync_state(
     holder: Option<&Holder>,
     fence: u64,
@@ -78,10 +79,14 @@ pub fn sync_state(
     delay_until: Millis,
 ) -> SyncState {
     let (count, mode, expires_at, token, options) = match holder {
-        Some(h) => (h.count, h.mode, h.expires_at, h.token, h.options.get()),
-        None => (0, Mode::Write, 0, 0, HoldOptions::default()),
+        Some(h) => (h.count, h.mode, h.expires_at, h.token, &h.options),
+        None => (0, Mode::Write, 0, 0, &PackedOptions::NONE),
     };
-    let mut buf = [0u8; BINARY_V2_LEN];
+    let mut state = SyncState {
+        buf: [0u8; BINARY_V2_LEN],
+        len: BINARY_LEN,
+    };
+    let buf = &mut state.buf;
     buf[0] = BINARY_V1;
     buf[1..9].copy_from_slice(&count.to_le_bytes());
     buf[9] = mode_byte(mode);
@@ -89,14 +94,17 @@ pub fn sync_state(
         let at = 10 + 8 * i;
         buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
     }
-    if options == HoldOptions::default() && delay_until == 0 {
-        return SyncState {
-            buf,
-            len: BINARY_LEN,
-        };
+    if !options.is_none() || delay_until != 0 {
+        add_version_2(&mut state, options.get(), delay_until);
     }
-    buf[0] = BINARY_V2;
-    buf[BINARY_LEN] = u8::from(options.bound_to.is_some());
+    state
+}
+
+/// Turns a version 1 state into version 2 (rare: holds with options, running delays).
+#[cold]
+fn add_version_2(state: &mut SyncState, options: HoldOptions, delay_until: Millis) {
+    state.buf[0] = BINARY_V2;
+    state.buf[BINARY_LEN] = u8::from(options.bound_to.is_some());
     let extra = [
         options.bound_to.unwrap_or(0),
         options.lock_delay,
@@ -104,12 +112,9 @@ pub fn sync_state(
     ];
     for (i, v) in extra.into_iter().enumerate() {
         let at = BINARY_LEN + 1 + 8 * i;
-        buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        state.buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
     }
-    SyncState {
-        buf,
-        len: BINARY_V2_LEN,
-    }
+    state.len = BINARY_V2_LEN;
 }
 
 /// The values of a state, in any encoding.
