@@ -8,9 +8,11 @@
 //! are then served as after a release.
 //!
 //! To find those keys without a scan, every commit that leaves a bound hold records its key
-//! under the connection ([`index`]). The record is a hint: a key deleted or renamed since is
-//! checked and found without the hold; a renamed key is recorded again when it is settled under
-//! its new name. A connection's record goes when the connection closes.
+//! under the connection ([`index`]), and every commit that ends one takes it out again
+//! ([`forget_ended`]); so does a lock value leaving its key (`settle::on_unlink`). The record is
+//! still only a hint: a key flushed or renamed since is checked and found without the hold; a
+//! renamed key is recorded again when it is settled under its new name. A connection's record
+//! goes when the connection closes.
 //!
 //! A bound hold never outlives its connection, and a server that restarts or is promoted has
 //! none of the connections its bound holds name: at the end of loading (on a master) and on
@@ -23,6 +25,30 @@ use crate::state::{with_bound, with_gone, DbKey};
 /// Records that connection `conn` holds a bound hold on (`db`, `key`).
 pub fn index(conn: u64, db: i32, key: &[u8]) {
     with_bound(|b| b.entry(conn).or_default().insert((db, key.into())));
+}
+
+/// Bound holds of connections `conns` ended on (`db`, `key`): forgets the key for each of them
+/// that holds nothing else bound there, so a long-lived connection that binds many keys in turn
+/// does not grow the index.
+pub fn forget_ended(conns: &[u64], db: i32, key: &[u8], lock: &Lock) {
+    let still = connections(lock);
+    for conn in conns {
+        if !still.contains(conn) {
+            forget(*conn, db, key);
+        }
+    }
+}
+
+/// Connection `conn` holds nothing bound on (`db`, `key`) any more.
+pub fn forget(conn: u64, db: i32, key: &[u8]) {
+    with_bound(|b| {
+        if let Some(keys) = b.get_mut(&conn) {
+            keys.remove(&(db, Box::<[u8]>::from(key)));
+            if keys.is_empty() {
+                b.remove(&conn);
+            }
+        }
+    });
 }
 
 /// The connections that bound holds on `lock` belong to.

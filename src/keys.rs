@@ -145,6 +145,7 @@ impl<'a> LockKey<'a> {
     fn commit(&mut self, events: Vec<Event>, before: Gauges) {
         let mut changed: Vec<Box<[u8]>> = Vec::with_capacity(events.len());
         let mut delay_ended = false;
+        let mut unbound: Vec<u64> = Vec::new();
         for event in events {
             match event {
                 Event::Granted {
@@ -170,6 +171,7 @@ impl<'a> LockKey<'a> {
                 }
                 Event::DelayStarted { .. } => self.notify(c"lock.delay"),
                 Event::DelayEnded => delay_ended = true,
+                Event::BoundEnded { conn } => unbound.push(conn),
                 Event::Updated { owner } => changed.push(owner),
             }
         }
@@ -191,6 +193,9 @@ impl<'a> LockKey<'a> {
                     bound::index(conn, self.db, key);
                 }
             }
+        }
+        if !unbound.is_empty() {
+            bound::forget_ended(&unbound, self.db, self.name.get().as_slice(), &value.lock);
         }
         stats::update_gauges(before, Gauges::of(&value.lock));
         if value.lock.is_empty() {

@@ -1,5 +1,6 @@
-//! Memory does not leak: after many acquire / release / timeout / disconnect cycles, the
-//! module's own live allocations return to where they were.
+//! Memory does not leak: after many acquire / release / timeout / disconnect cycles (and bound
+//! holds on ever new keys over one connection), the module's own live allocations return to
+//! where they were.
 //!
 //! The primary figure is the module's allocation count (blocks and bytes it holds, counted by
 //! the `test-hooks` build's allocator and read with LOCK.DEBUG-ALLOC): it moves only with the
@@ -89,6 +90,30 @@ fn churn(server: &Server, pairs: usize, timeouts: usize, disconnects: usize) {
     int(&mut c, &["LOCK.RELEASE", "leak:held", "holder"]);
 }
 
+/// Bound holds taken on `n` keys new to this round on one long-lived connection, each released
+/// or deleted: the module must forget where the connection held them, not keep a record per key
+/// until the connection closes.
+fn bound_churn(c: &mut Connection, round: &str, n: usize) {
+    for start in (0..n).step_by(1000) {
+        let mut p = redis::pipe();
+        for i in start..(start + 1000).min(n) {
+            let key = format!("bound:{round}:{i}");
+            p.cmd("LOCK.ACQUIRE")
+                .arg(&key)
+                .arg("b")
+                .arg(60_000)
+                .arg("BIND")
+                .ignore();
+            if i % 2 == 0 {
+                p.cmd("LOCK.RELEASE").arg(&key).arg("b").ignore();
+            } else {
+                p.cmd("DEL").arg(&key).ignore();
+            }
+        }
+        p.query::<()>(c).unwrap();
+    }
+}
+
 /// Blocks and bytes the module holds (LOCK.DEBUG-ALLOC).
 fn module_allocations(c: &mut Connection) -> (i64, i64) {
     match query(c, &["LOCK.DEBUG-ALLOC"]) {
@@ -132,18 +157,24 @@ fn module_allocations_return_to_their_baseline_after_many_cycles() {
     };
     // Warm up, then two identical rounds: whatever grows once (tables reaching their working
     // size) shows in the warm-up or the first round; a leak grows again in the second.
+    let mut bound_conn = server.client();
     churn(&server, 20_000, 400, 200);
+    bound_churn(&mut bound_conn, "warm-up", 2_000);
     let baseline = settle(&mut c);
     churn(&server, cycles, cycles / 50, cycles / 100);
+    bound_churn(&mut bound_conn, "first", cycles / 10);
     let first = settle(&mut c);
     churn(&server, cycles, cycles / 50, cycles / 100);
+    bound_churn(&mut bound_conn, "second", cycles / 10);
     let second = settle(&mut c);
     eprintln!(
-        "leaks: 2 rounds of {cycles} acquire/release pairs, {} timeouts, {} disconnects: \
+        "leaks: 2 rounds of {cycles} acquire/release pairs, {} timeouts, {} disconnects, {} \
+         bound holds on new keys: \
          module blocks {} -> {} -> {}, module bytes {} -> {} -> {}, \
          used_memory {} -> {} -> {}",
         cycles / 50,
         cycles / 100,
+        cycles / 10,
         baseline.blocks,
         first.blocks,
         second.blocks,

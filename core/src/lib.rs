@@ -160,6 +160,9 @@ pub enum Event {
     DelayStarted { until: Millis },
     /// A pending lock-delay ended.
     DelayEnded,
+    /// A hold bound to connection `conn` ended (released, expired or disconnected), so the
+    /// Redis side can forget where that connection held something.
+    BoundEnded { conn: u64 },
     /// The operation itself created, changed or ended `owner`'s hold (a direct grant, a
     /// re-entry, a release, an extend): its new state must reach replicas.
     Updated { owner: Box<[u8]> },
@@ -217,6 +220,13 @@ pub fn check_holder(owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
         return Err(RestoreError::CountOrToken);
     }
     Ok(())
+}
+
+/// Reports the end of `holder` if it was bound to a connection.
+fn note_bound_end(holder: &Holder, step: &mut Step<'_>) {
+    if let Some(conn) = holder.options.bound_to() {
+        step.events.push(Event::BoundEnded { conn });
+    }
 }
 
 /// The owner does not hold the lock (never did, released, or expired).
@@ -393,7 +403,9 @@ impl Lock {
             owner: owner.into(),
         });
         if remaining == 0 {
-            self.holders.remove(owner);
+            if let Some(holder) = self.holders.remove(owner) {
+                note_bound_end(&holder, step);
+            }
             self.grant_waiters(step);
         } else {
             let expires_at = held.expires_at;
@@ -428,6 +440,7 @@ impl Lock {
             let delay = holder.options.get().lock_delay;
             let mode = holder.mode;
             step.events.push(Event::Expired { owner, mode });
+            note_bound_end(&holder, step);
             if mode == Mode::Write && delay > 0 {
                 self.start_delay(holder.expires_at.saturating_add(delay), step);
             }
@@ -474,6 +487,7 @@ impl Lock {
                 owner: owner.clone(),
                 mode: holder.mode,
             });
+            note_bound_end(&holder, step);
             if holder.mode == Mode::Write && delay > 0 {
                 self.start_delay(step.now.saturating_add(delay), step);
             }

@@ -607,7 +607,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                     pending = 0;
                     reported.push(MEvent::DelayEnded);
                 }
-                Event::Updated { .. } => {}
+                Event::Updated { .. } | Event::BoundEnded { .. } => {}
             }
         }
         if let Some((token, options)) = direct {

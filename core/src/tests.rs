@@ -49,7 +49,7 @@ impl Bench {
     fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
             .into_iter()
-            .filter(|e| !matches!(e, Event::Updated { .. }))
+            .filter(|e| !matches!(e, Event::Updated { .. } | Event::BoundEnded { .. }))
             .collect()
     }
 
@@ -782,4 +782,40 @@ fn restore_delay_is_ignored_while_the_lock_is_held() {
     b.lock.restore_delay(0);
     assert!(b.lock.is_empty());
     assert!(matches!(b.write("x"), Acquired::Granted { .. }));
+}
+
+/// The Redis side keeps an index of where each connection holds bound holds; it learns that a
+/// bound hold ended, whichever way, from `BoundEnded`.
+#[test]
+fn the_end_of_every_bound_hold_is_reported_with_its_connection() {
+    let bound_ends = |b: &mut Bench| -> Vec<u64> {
+        std::mem::take(&mut b.events)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::BoundEnded { conn } => Some(conn),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut b = Bench::new();
+    // Released: only when the last count goes.
+    b.request("a", Mode::Write, 10_000, None, opts(Some(4), 0));
+    b.write("a");
+    b.release("a").unwrap();
+    assert_eq!(bound_ends(&mut b), Vec::<u64>::new());
+    b.release("a").unwrap();
+    assert_eq!(bound_ends(&mut b), vec![4]);
+    // Expired.
+    b.request("e", Mode::Read, 100, None, opts(Some(5), 0));
+    b.request("u", Mode::Read, 100, None, opts(None, 0));
+    b.tick_at(1_100);
+    assert_eq!(
+        bound_ends(&mut b),
+        vec![5],
+        "the unbound reader reports nothing"
+    );
+    // Disconnected.
+    b.request("d", Mode::Write, 10_000, None, opts(Some(6), 0));
+    assert_eq!(b.disconnect(6), 1);
+    assert_eq!(bound_ends(&mut b), vec![6]);
 }
