@@ -163,7 +163,6 @@ fn the_end_of_a_bound_hold_is_notified_and_reaches_replicas() {
     let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
     let mut r = replica.client();
     wait_for_link(&mut r);
-    let mut m = master.client();
     let mut sub = master.client();
     let mut pubsub = sub.as_pubsub();
     pubsub.psubscribe("__keyevent@0__:lock.*").unwrap();
