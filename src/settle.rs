@@ -49,8 +49,10 @@ pub fn schedule() {
 /// A lock value is leaving its key. Its waiters are taken out (they wait on the key name, and
 /// the registry remembers them); if every holder had expired, this is that expiry.
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
-    for conn in bound::connections(&value.lock) {
-        bound::forget(conn, db, key);
+    if !value.lock.holders().is_empty() {
+        for conn in bound::connections(&value.lock) {
+            bound::forget(conn, db, key);
+        }
     }
     let had_waiters = !value.lock.queue().is_empty();
     let before = crate::stats::Gauges::of(&value.lock);

@@ -106,6 +106,11 @@ impl HolderSet {
         matches!(self.repr, Repr::Empty | Repr::Delayed(_))
     }
 
+    /// No holder and no lock-delay.
+    pub fn is_vacant(&self) -> bool {
+        matches!(self.repr, Repr::Empty)
+    }
+
     /// The end of the pending lock-delay, 0 when there is none.
     pub fn delay_until(&self) -> Millis {
         match self.repr {

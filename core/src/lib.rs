@@ -267,7 +267,7 @@ impl Lock {
     /// True when nobody holds the lock, nobody waits and no lock-delay is pending: the key
     /// should go away.
     pub fn is_empty(&self) -> bool {
-        self.holders.is_empty() && self.queue.is_empty() && self.delay_until() == 0
+        self.holders.is_vacant() && self.queue.is_empty()
     }
 
     /// The end of the pending lock-delay (absolute ms), 0 when none is pending. A delay whose
@@ -297,8 +297,15 @@ impl Lock {
 
     /// When the next holder expires or the lock-delay ends: the time the timer must fire.
     pub fn next_expiry(&self) -> Option<Millis> {
+        // A delay only exists while nobody holds the lock.
+        self.holders
+            .earliest_expiry()
+            .or_else(|| self.pending_delay())
+    }
+
+    fn pending_delay(&self) -> Option<Millis> {
         match self.delay_until() {
-            0 => self.holders.earliest_expiry(),
+            0 => None,
             until => Some(until),
         }
     }
@@ -306,10 +313,9 @@ impl Lock {
     /// When the last holder expires (plus its lock-delay), or the pending lock-delay ends: the
     /// key's absolute Redis expiry, so that an expiry by Redis can never cut a delay short.
     pub fn last_expiry(&self) -> Option<Millis> {
-        match self.delay_until() {
-            0 => self.holders.latest_expiry(),
-            until => Some(until),
-        }
+        self.holders
+            .latest_expiry()
+            .or_else(|| self.pending_delay())
     }
 
     /// Asks for the lock in `mode` for `owner`, holding it `ttl` ms from the grant, with no
@@ -579,11 +585,8 @@ impl Lock {
     /// Can a new (non-reentrant) hold in `mode` be added to the current holders? Never while
     /// a lock-delay is pending (callers have ended a delay that is over).
     fn compatible(&self, mode: Mode) -> bool {
-        if self.delay_until() != 0 {
-            return false;
-        }
         match self.holders.mode() {
-            None => true,
+            None => self.delay_until() == 0,
             Some(held) => held == Mode::Read && mode == Mode::Read,
         }
     }
