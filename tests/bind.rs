@@ -158,11 +158,8 @@ fn a_bound_waiter_is_bound_to_its_own_connection() {
 
 #[test]
 fn the_end_of_a_bound_hold_is_notified_and_reaches_replicas() {
-    let master = Server::start_with(&["--notify-keyspace-events", "Ed"]);
-    let port = master.port.to_string();
-    let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let (master, replica) = master_and_replica(&["--notify-keyspace-events", "Ed"]);
     let mut r = replica.client();
-    wait_for_link(&mut r);
     let mut sub = master.client();
     let mut pubsub = sub.as_pubsub();
     pubsub.psubscribe("__keyevent@0__:lock.*").unwrap();
@@ -222,11 +219,8 @@ fn bound_holds_end_when_the_server_restarts() {
 
 #[test]
 fn a_promoted_replica_ends_the_bound_holds_it_replicated() {
-    let master = Server::start();
-    let port = master.port.to_string();
-    let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let (master, replica) = master_and_replica(&[]);
     let mut r = replica.client();
-    wait_for_link(&mut r);
     let mut m = master.client();
     let (_held, _) = bound_holder(&master, "bound", "h");
     int(&mut m, &["LOCK.ACQUIRE", "unbound", "u", LONG]);

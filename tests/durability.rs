@@ -205,24 +205,13 @@ fn replicate(master: &mut Connection) {
     assert_eq!(acked, 1, "replica did not acknowledge");
 }
 
-fn master_and_replica() -> (Server, Server) {
-    let master = Server::start_with(&["--enable-debug-command", "yes"]);
-    let port = master.port.to_string();
-    let replica = Server::start_with(&[
-        "--enable-debug-command",
-        "yes",
-        "--replicaof",
-        "127.0.0.1",
-        &port,
-    ]);
-    let mut r = replica.client();
-    wait_for_link(&mut r);
-    (master, replica)
+fn debug_master_and_replica() -> (Server, Server) {
+    master_and_replica(&["--enable-debug-command", "yes"])
 }
 
 #[test]
 fn a_replica_has_the_same_holders_and_fences_and_refuses_writes() {
-    let (master, replica) = master_and_replica();
+    let (master, replica) = debug_master_and_replica();
     let mut m = master.client();
     let mut r = replica.client();
     build_state(&mut m);
@@ -255,7 +244,7 @@ fn a_replica_has_the_same_holders_and_fences_and_refuses_writes() {
 
 #[test]
 fn a_replica_never_expires_holders_by_its_own_clock() {
-    let (master, replica) = master_and_replica();
+    let (master, replica) = debug_master_and_replica();
     let mut m = master.client();
     let mut r = replica.client();
     int(&mut m, &["LOCK.RWREAD", "e", "brief", "800"]);
@@ -279,7 +268,7 @@ fn a_replica_never_expires_holders_by_its_own_clock() {
 
 #[test]
 fn a_promoted_replica_continues_fences_above_every_token_and_expires_holders() {
-    let (master, replica) = master_and_replica();
+    let (master, replica) = debug_master_and_replica();
     let mut m = master.client();
     let mut r = replica.client();
     let max = build_state(&mut m);

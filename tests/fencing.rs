@@ -100,12 +100,8 @@ fn a_restart_from_an_rdb_older_than_the_last_grants_continues_above_them() {
 
 #[test]
 fn a_promoted_replica_that_missed_the_last_grants_continues_above_them() {
-    let master = Server::start();
-    let port = master.port.to_string();
-    let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let (master, replica) = master_and_replica(&[]);
     let mut m = master.client();
-    let mut r = replica.client();
-    wait_for_link(&mut r);
     let replicated = grant_many(&mut m, "seen", 10);
     assert_eq!(int(&mut m, &["WAIT", "1", "5000"]), 1);
     // The replica stops, and the master drops its link (as a network partition would), so

@@ -246,17 +246,8 @@ fn the_delay_survives_restart_and_aof_rewrite() {
 
 #[test]
 fn the_delay_reaches_replicas_and_ends_there_with_the_master() {
-    let master = Server::start_with(&["--enable-debug-command", "yes"]);
-    let port = master.port.to_string();
-    let replica = Server::start_with(&[
-        "--enable-debug-command",
-        "yes",
-        "--replicaof",
-        "127.0.0.1",
-        &port,
-    ]);
+    let (master, replica) = master_and_replica(&["--enable-debug-command", "yes"]);
     let mut r = replica.client();
-    wait_for_link(&mut r);
     let mut m = master.client();
     int(
         &mut m,

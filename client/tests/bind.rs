@@ -8,18 +8,15 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::*;
+
 use redis_lock_client::{
     Acquire, LockClient, LockError, Outcome, Redlock, Watchdog, BOUND_CLIENT_NAME,
 };
 use redis_lock_testkit::{
     holders, info, int, query, text_reply, wait_until, waiting, Connection, Server, Value, PATIENCE,
 };
-
-const TIMEOUT: Duration = Duration::from_millis(200);
-
-fn url(s: &Server) -> String {
-    format!("redis://127.0.0.1:{}/", s.port)
-}
 
 /// The `CLIENT LIST` lines of the server's bound connections, as (id, line).
 fn bound_clients(c: &mut Connection) -> Vec<(i64, String)> {
@@ -412,15 +409,6 @@ fn a_bound_guard_survives_a_stall_longer_than_its_reply_timeout() {
     assert_eq!(holders(&mut c, "st"), vec![(guard.owner().to_string(), 1)]);
     guard.release().unwrap();
     assert_eq!(int(&mut c, &["EXISTS", "st"]), 0);
-}
-
-fn five() -> Vec<Server> {
-    (0..5).map(|_| Server::start()).collect()
-}
-
-fn redlock(servers: &[Server]) -> Redlock {
-    let urls: Vec<String> = servers.iter().map(url).collect();
-    Redlock::new(&urls, TIMEOUT).unwrap()
 }
 
 /// Redlock: one bound connection per server; the lock is lost when fewer than a quorum (3 of

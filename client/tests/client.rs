@@ -6,14 +6,11 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::*;
+
 use redis_lock_client::{Acquire, LockClient, LockError, Outcome, Redlock, Watchdog};
 use redis_lock_testkit::{holders, int, query, wait_until, waiting, Server, PATIENCE};
-
-fn url(s: &Server) -> String {
-    format!("redis://127.0.0.1:{}/", s.port)
-}
-
-const TIMEOUT: Duration = Duration::from_millis(200);
 
 #[test]
 fn one_instance_try_wait_extend_release_and_drop() {
@@ -78,15 +75,6 @@ fn an_unreachable_single_server_is_unreachable_not_held() {
     let client = LockClient::new(&u, TIMEOUT).unwrap();
     let e = client.try_lock("x", Duration::from_secs(1)).unwrap_err();
     assert!(matches!(e, LockError::Unreachable { .. }), "{e}");
-}
-
-fn five() -> Vec<Server> {
-    (0..5).map(|_| Server::start()).collect()
-}
-
-fn redlock(servers: &[Server]) -> Redlock {
-    let urls: Vec<String> = servers.iter().map(url).collect();
-    Redlock::new(&urls, TIMEOUT).unwrap()
 }
 
 #[test]

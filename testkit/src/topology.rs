@@ -28,6 +28,19 @@ pub fn wait_for_link(replica: &mut Connection) {
     });
 }
 
+/// A master and a replica of it, both started with `extra` arguments, once the replica's link
+/// is up.
+pub fn master_and_replica(extra: &[&str]) -> (Server, Server) {
+    let master = Server::start_with(extra);
+    let port = master.port.to_string();
+    let mut replica_args = extra.to_vec();
+    replica_args.extend(["--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&replica_args);
+    let mut r = replica.client();
+    wait_for_link(&mut r);
+    (master, replica)
+}
+
 /// Makes a cluster of `nodes` (started with `--cluster-enabled yes`) with `redis-cli
 /// --cluster create`, `replicas` replicas per master.
 pub fn create_cluster(nodes: &[Server], replicas: u32) -> Result<(), String> {
