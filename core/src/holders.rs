@@ -14,7 +14,10 @@ use super::{HoldOptions, Millis, Mode};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub mode: Mode,
-    /// Reentrancy count, at least 1 while the holder exists.
+    /// The semaphore's capacity for a [`Mode::Permit`] hold (every permit holder of a key has
+    /// the same), 0 for a lock. It sits in what would be padding after `mode`.
+    pub capacity: u32,
+    /// Reentrancy count (for a semaphore: permits held), at least 1 while the holder exists.
     pub count: u64,
     /// Absolute time (ms) at which the hold ends unless extended.
     pub expires_at: Millis,
@@ -32,7 +35,7 @@ impl Holder {
             Mode::Write => self
                 .expires_at
                 .saturating_add(self.options.get().lock_delay),
-            Mode::Read => self.expires_at,
+            Mode::Read | Mode::Permit => self.expires_at,
         }
     }
 }
@@ -72,6 +75,8 @@ impl PackedOptions {
 struct Indexed {
     by_owner: HashMap<Box<[u8]>, Holder>,
     by_expiry: BTreeSet<(Millis, Box<[u8]>)>,
+    /// The sum of the holders' counts (a semaphore's permits held), kept so it is read in O(1).
+    total: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -139,6 +144,15 @@ impl HolderSet {
         }
     }
 
+    /// Some holder (the only one, or any of several), `None` when nobody holds the lock.
+    pub fn any(&self) -> Option<&Holder> {
+        match &self.repr {
+            Repr::Empty | Repr::Delayed(_) => None,
+            Repr::One(_, h) => Some(h),
+            Repr::Many(m) => m.by_owner.values().next(),
+        }
+    }
+
     /// The mode the lock is held in, or `None` when nobody holds it.
     pub fn mode(&self) -> Option<Mode> {
         match &self.repr {
@@ -163,6 +177,7 @@ impl HolderSet {
             Repr::Empty | Repr::Delayed(_) => self.repr = Repr::One(owner.into(), holder),
             Repr::One(o, h) => {
                 let mut m = Indexed::default();
+                m.total = h.count.saturating_add(holder.count);
                 m.by_expiry.insert((h.expires_at, o.clone()));
                 m.by_owner.insert(o, h);
                 m.by_expiry.insert((holder.expires_at, owner.into()));
@@ -171,6 +186,7 @@ impl HolderSet {
             }
             Repr::Many(mut m) => {
                 let key: Box<[u8]> = owner.into();
+                m.total = m.total.saturating_add(holder.count);
                 m.by_expiry.insert((holder.expires_at, key.clone()));
                 m.by_owner.insert(key, holder);
                 self.repr = Repr::Many(m);
@@ -196,6 +212,7 @@ impl HolderSet {
             Repr::Many(mut m) => {
                 let removed = m.by_owner.remove_entry(owner).map(|(key, holder)| {
                     m.by_expiry.remove(&(holder.expires_at, key));
+                    m.total = m.total.saturating_sub(holder.count);
                     holder
                 });
                 self.repr = Self::shrunk(m);
@@ -240,10 +257,20 @@ impl HolderSet {
                     m.by_expiry.insert((expires_at, old.1));
                 }
                 let holder = m.by_owner.get_mut(owner)?;
+                m.total = m.total.saturating_sub(holder.count).saturating_add(count);
                 holder.count = count;
                 holder.expires_at = expires_at;
                 Some(holder)
             }
+        }
+    }
+
+    /// The sum of the holders' counts: for a semaphore, the permits held.
+    pub fn total_count(&self) -> u64 {
+        match &self.repr {
+            Repr::Empty | Repr::Delayed(_) => 0,
+            Repr::One(_, h) => h.count,
+            Repr::Many(m) => m.total,
         }
     }
 
@@ -279,6 +306,9 @@ impl HolderSet {
                     .by_expiry
                     .pop_first()
                     .and_then(|(_, owner)| m.by_owner.remove(&owner).map(|h| (owner, h)));
+                if let Some((_, h)) = &popped {
+                    m.total = m.total.saturating_sub(h.count);
+                }
                 self.repr = Self::shrunk(m);
                 popped
             }

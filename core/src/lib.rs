@@ -39,11 +39,14 @@ pub const MAX_DURATION: Millis = 1 << 47;
 /// Longest accepted owner, in bytes.
 pub const MAX_OWNER_LEN: usize = 1024;
 
-/// Exclusive (write) or shared (read).
+/// Exclusive (write), shared (read), or one permit of a semaphore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mode {
     Write,
     Read,
+    /// A semaphore permit: any number of owners up to the key's capacity, each holding one or
+    /// more permits (its count).
+    Permit,
 }
 
 impl Mode {
@@ -51,8 +54,23 @@ impl Mode {
         match self {
             Mode::Write => "write",
             Mode::Read => "read",
+            Mode::Permit => "permit",
         }
     }
+}
+
+/// Largest semaphore capacity: 2^31 - 1.
+pub const MAX_CAPACITY: u32 = i32::MAX as u32;
+
+/// What a key holds, as far as requests are concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Nothing yet: the next request decides.
+    Fresh,
+    /// An exclusive / read-write lock (holders, waiters or a lock-delay).
+    Lock,
+    /// A semaphore of this capacity.
+    Semaphore(u32),
 }
 
 /// What a hold is created with besides its mode and TTL (`BIND`, `LOCKDELAY`). A re-entry
@@ -74,6 +92,8 @@ pub struct Request<'a> {
     pub mode: Mode,
     pub ttl: Millis,
     pub options: HoldOptions,
+    /// For [`Mode::Permit`]: the semaphore's capacity (1 to [`MAX_CAPACITY`]); 0 otherwise.
+    pub capacity: u32,
 }
 
 /// Identifies one queued client. Ids are issued in arrival order, so they order the queue.
@@ -188,6 +208,10 @@ pub enum Acquired {
     Deadlock,
     /// The owner's hold count is at its maximum (2^64 - 1).
     CountOverflow,
+    /// A semaphore request on a lock key, or a lock request on a semaphore key.
+    WrongKind,
+    /// A semaphore request naming another capacity than the key's.
+    CapacityMismatch,
 }
 
 /// Why a saved or replicated holder cannot be restored.
@@ -197,8 +221,11 @@ pub enum RestoreError {
     OwnerLength,
     /// A count of 0, or a token that was never issued (0, or above [`MAX_TOKEN`]).
     CountOrToken,
-    /// A writer beside another holder.
+    /// A writer beside another holder, a permit beside a lock holder, or permits beyond the
+    /// capacity (or of another capacity) beside the others.
     Conflict,
+    /// A permit with a capacity out of range or below its count, or a lock hold with one.
+    Capacity,
 }
 
 impl RestoreError {
@@ -206,7 +233,8 @@ impl RestoreError {
         match self {
             RestoreError::OwnerLength => "owner length out of range",
             RestoreError::CountOrToken => "count or token out of range",
-            RestoreError::Conflict => "a writer beside another holder",
+            RestoreError::Conflict => "a writer beside another holder, or permits that do not fit",
+            RestoreError::Capacity => "capacity out of range",
         }
     }
 }
@@ -218,6 +246,16 @@ pub fn check_holder(owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
     }
     if holder.count == 0 || holder.token == 0 || holder.token > MAX_TOKEN {
         return Err(RestoreError::CountOrToken);
+    }
+    let capacity_ok = match holder.mode {
+        Mode::Permit => {
+            (1..=MAX_CAPACITY).contains(&holder.capacity)
+                && holder.count <= u64::from(holder.capacity)
+        }
+        Mode::Write | Mode::Read => holder.capacity == 0,
+    };
+    if !capacity_ok {
+        return Err(RestoreError::Capacity);
     }
     Ok(())
 }
@@ -333,6 +371,7 @@ impl Lock {
             mode,
             ttl,
             options: HoldOptions::default(),
+            capacity: 0,
         };
         self.request(req, wait, step)
     }
@@ -350,8 +389,15 @@ impl Lock {
             mode,
             ttl,
             options,
+            capacity,
         } = req;
         self.expire(step);
+        if let Some(refused) = self.refuse_kind(mode, capacity) {
+            return refused;
+        }
+        if mode == Mode::Permit {
+            return self.request_permit(req, wait, step);
+        }
         if let Some(held) = self.holders.get(owner) {
             // Re-entry: an exclusive holder may take either mode again (a read inside a write
             // stays exclusive); a reader may read again even with writers queued, or it would
@@ -371,27 +417,104 @@ impl Lock {
             return Acquired::Granted { token, count };
         }
         if self.queue.is_empty() && self.compatible(mode) {
-            let token = self.grant_new(owner, mode, ttl, options, step);
+            let token = self.grant_new(owner, mode, ttl, options, 0, step);
             step.events.push(Event::Updated {
                 owner: owner.into(),
             });
             return Acquired::Granted { token, count: 1 };
         }
+        self.queue_or_refuse(req, wait)
+    }
+
+    /// A request for one permit of a semaphore. An owner that already holds permits asks for
+    /// one more and waits its turn like anyone else (no re-entry ahead of the queue); when
+    /// granted, its count grows, its expiry is reset and it gets its token again.
+    fn request_permit(
+        &mut self,
+        req: Request<'_>,
+        wait: Option<WaiterId>,
+        step: &mut Step<'_>,
+    ) -> Acquired {
+        if !self.queue.is_empty() || !self.permits_free(req.capacity) {
+            return self.queue_or_refuse(req, wait);
+        }
+        let expires_at = step.now.saturating_add(req.ttl);
+        let (token, count) = match self.holders.get(req.owner) {
+            Some(held) => {
+                let Some(count) = held.count.checked_add(1) else {
+                    return Acquired::CountOverflow;
+                };
+                let token = held.token;
+                self.holders.update(req.owner, count, expires_at);
+                (token, count)
+            }
+            None => {
+                let token = self.grant_new(
+                    req.owner,
+                    Mode::Permit,
+                    req.ttl,
+                    req.options,
+                    req.capacity,
+                    step,
+                );
+                (token, 1)
+            }
+        };
+        step.events.push(Event::Updated {
+            owner: req.owner.into(),
+        });
+        Acquired::Granted { token, count }
+    }
+
+    /// Queues a request that cannot be granted now (with a waiter id), or refuses it.
+    fn queue_or_refuse(&mut self, req: Request<'_>, wait: Option<WaiterId>) -> Acquired {
         match wait {
             Some(id) => {
                 self.queue.push(
                     id,
                     Waiter {
-                        owner: owner.into(),
-                        mode,
-                        ttl,
-                        options,
+                        owner: req.owner.into(),
+                        mode: req.mode,
+                        ttl: req.ttl,
+                        options: req.options,
+                        capacity: req.capacity,
                     },
                 );
                 Acquired::Queued
             }
             None => Acquired::Busy,
         }
+    }
+
+    /// What the key is: a lock, a semaphore of some capacity, or nothing yet (holders and
+    /// waiters all agree, since requests of the other kind are refused).
+    pub fn kind(&self) -> Kind {
+        let (mode, capacity) = match (self.holders.any(), self.queue.head()) {
+            (Some(h), _) => (h.mode, h.capacity),
+            (None, Some((_, w))) => (w.mode, w.capacity),
+            (None, None) if self.delay_until() != 0 => return Kind::Lock,
+            (None, None) => return Kind::Fresh,
+        };
+        match mode {
+            Mode::Permit => Kind::Semaphore(capacity),
+            Mode::Write | Mode::Read => Kind::Lock,
+        }
+    }
+
+    /// The refusal a request of `mode` (and `capacity`, for a permit) gets from this key's kind.
+    fn refuse_kind(&self, mode: Mode, capacity: u32) -> Option<Acquired> {
+        match (self.kind(), mode) {
+            (Kind::Fresh, _) => None,
+            (Kind::Semaphore(c), Mode::Permit) if c == capacity => None,
+            (Kind::Semaphore(_), Mode::Permit) => Some(Acquired::CapacityMismatch),
+            (Kind::Lock, Mode::Write | Mode::Read) => None,
+            _ => Some(Acquired::WrongKind),
+        }
+    }
+
+    /// Is one more permit free under `capacity`?
+    fn permits_free(&self, capacity: u32) -> bool {
+        self.holders.total_count() < u64::from(capacity)
     }
 
     /// Drops one hold of `owner` (all of them with `all`) and serves the queue.
@@ -554,12 +677,20 @@ impl Lock {
     /// [`Lock::restore_holder`], so a corrupt file or stream is refused rather than believed.
     pub fn check_restorable(&self, owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
         check_holder(owner, holder)?;
-        let conflict = self
-            .holders
-            .iter()
-            .filter(|(o, _)| &o[..] != owner)
-            .any(|(_, other)| other.mode == Mode::Write || holder.mode == Mode::Write);
-        if conflict {
+        let conflict =
+            self.holders
+                .iter()
+                .filter(|(o, _)| &o[..] != owner)
+                .any(|(_, other)| match (other.mode, holder.mode) {
+                    (Mode::Permit, Mode::Permit) => other.capacity != holder.capacity,
+                    (Mode::Read, Mode::Read) => false,
+                    _ => true,
+                });
+        let own = self.holders.get(owner).map_or(0, |h| h.count);
+        let others = self.holders.total_count().saturating_sub(own);
+        let overfull = holder.mode == Mode::Permit
+            && others.saturating_add(holder.count) > u64::from(holder.capacity);
+        if conflict || overfull {
             return Err(RestoreError::Conflict);
         }
         Ok(())
@@ -599,6 +730,7 @@ impl Lock {
         while let Some((_, head)) = self.queue.head() {
             let own = self.holders.get(&head.owner);
             let grantable = match (own, head.mode) {
+                (_, Mode::Permit) => self.permits_free(head.capacity),
                 (Some(h), Mode::Write) => h.mode == Mode::Write && self.holders.len() == 1,
                 (Some(h), Mode::Read) => h.mode == Mode::Write || self.compatible(Mode::Read),
                 (None, mode) => self.compatible(mode),
@@ -618,7 +750,14 @@ impl Lock {
                     (token, count)
                 }
                 None => (
-                    self.grant_new(&waiter.owner, waiter.mode, waiter.ttl, waiter.options, step),
+                    self.grant_new(
+                        &waiter.owner,
+                        waiter.mode,
+                        waiter.ttl,
+                        waiter.options,
+                        waiter.capacity,
+                        step,
+                    ),
                     1,
                 ),
             };
@@ -645,17 +784,19 @@ impl Lock {
         mode: Mode,
         ttl: Millis,
         mut options: HoldOptions,
+        capacity: u32,
         step: &mut Step<'_>,
     ) -> u64 {
         let token = step.fences.issue();
         self.fence = token;
-        if mode == Mode::Read {
+        if mode != Mode::Write {
             options.lock_delay = 0;
         }
         self.holders.insert(
             owner,
             Holder {
                 mode,
+                capacity: if mode == Mode::Permit { capacity } else { 0 },
                 count: 1,
                 expires_at: step.now.saturating_add(ttl),
                 token,

@@ -4,7 +4,7 @@
 //!
 //! Error texts never echo the user's bytes: they may hold anything, including NUL and CRLF.
 
-use crate::{Millis, MAX_DURATION, MAX_OWNER_LEN};
+use crate::{Millis, MAX_CAPACITY, MAX_DURATION, MAX_OWNER_LEN};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgError {
@@ -19,6 +19,8 @@ pub enum ArgError {
     LockDelayNotInteger,
     LockDelayRange,
     LockDelayNotExclusive,
+    CapacityNotInteger,
+    CapacityRange,
     Syntax,
 }
 
@@ -42,6 +44,8 @@ impl ArgError {
             ArgError::LockDelayNotExclusive => {
                 "ERR LOCKDELAY applies to exclusive locks only (LOCK.ACQUIRE)"
             }
+            ArgError::CapacityNotInteger => "ERR capacity is not an integer or out of range",
+            ArgError::CapacityRange => "ERR capacity must be between 1 and 2147483647",
             ArgError::Syntax => "ERR syntax error",
         }
     }
@@ -117,6 +121,39 @@ pub fn acquire<'a>(args: &[&'a [u8]], accepts: Accepts) -> Result<AcquireArgs<'a
         rest = tail;
     }
     Ok(parsed)
+}
+
+/// `LOCK.SEMACQUIRE` arguments after the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SemArgs<'a> {
+    pub capacity: u32,
+    /// Owner, ttl, WAIT and BIND, as for LOCK.RWREAD.
+    pub request: AcquireArgs<'a>,
+}
+
+/// Parses `owner capacity ttl [WAIT timeout] [BIND]`.
+pub fn semacquire<'a>(args: &[&'a [u8]]) -> Result<SemArgs<'a>, ArgError> {
+    let [owner, capacity, rest @ ..] = args else {
+        return Err(ArgError::Arity);
+    };
+    if rest.is_empty() {
+        return Err(ArgError::Arity);
+    }
+    let owner_first = parse_owner(owner)?;
+    let capacity = parse_capacity(capacity)?;
+    let mut with_owner: Vec<&'a [u8]> = Vec::with_capacity(rest.len() + 1);
+    with_owner.push(owner_first);
+    with_owner.extend_from_slice(rest);
+    let request = acquire(&with_owner, Accepts::Shared)?;
+    Ok(SemArgs { capacity, request })
+}
+
+fn parse_capacity(arg: &[u8]) -> Result<u32, ArgError> {
+    let v = parse_i64(arg).ok_or(ArgError::CapacityNotInteger)?;
+    match u32::try_from(v) {
+        Ok(c) if (1..=MAX_CAPACITY).contains(&c) => Ok(c),
+        _ => Err(ArgError::CapacityRange),
+    }
 }
 
 fn parse_lock_delay(arg: &[u8]) -> Result<Millis, ArgError> {
@@ -367,6 +404,37 @@ mod tests {
             args.extend_from_slice(options);
             assert_eq!(opts(&args, *accepts), Err(*expected), "{options:?}");
         }
+    }
+
+    #[test]
+    fn semacquire_forms() {
+        let parse = |args: &[&str]| {
+            let owned = a(args);
+            let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
+            semacquire(&refs).map(|r| (r.capacity, r.request.ttl, r.request.wait, r.request.bind))
+        };
+        assert_eq!(parse(&["me", "4", "1000"]), Ok((4, 1000, None, false)));
+        assert_eq!(
+            parse(&["me", "2147483647", "5", "bind", "WAIT", "0"]),
+            Ok((MAX_CAPACITY, 5, Some(0), true))
+        );
+        assert_eq!(parse(&["me", "0", "1000"]), Err(ArgError::CapacityRange));
+        assert_eq!(parse(&["me", "-1", "1000"]), Err(ArgError::CapacityRange));
+        assert_eq!(
+            parse(&["me", "2147483648", "1000"]),
+            Err(ArgError::CapacityRange)
+        );
+        assert_eq!(
+            parse(&["me", "x", "1000"]),
+            Err(ArgError::CapacityNotInteger)
+        );
+        assert_eq!(parse(&["me", "4"]), Err(ArgError::Arity));
+        assert_eq!(parse(&["", "4", "1000"]), Err(ArgError::Owner));
+        assert_eq!(parse(&["me", "4", "0"]), Err(ArgError::TtlRange));
+        assert_eq!(
+            parse(&["me", "4", "10", "LOCKDELAY", "5"]),
+            Err(ArgError::LockDelayNotExclusive)
+        );
     }
 
     #[test]

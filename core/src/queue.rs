@@ -18,6 +18,8 @@ pub struct Waiter {
     pub ttl: Millis,
     /// BIND (the waiter's own connection) and LOCKDELAY for the hold it will get.
     pub options: HoldOptions,
+    /// The capacity a semaphore request named ([`Mode::Permit`]), 0 for a lock.
+    pub capacity: u32,
 }
 
 /// The queue of one lock. Most locks never have a waiter, so the map is allocated only while

@@ -185,6 +185,8 @@ impl Model {
                     || self.all_read()
                     || own.is_some_and(|h| h.mode == Mode::Write)
             }
+            // The model does not generate semaphore requests yet.
+            Mode::Permit => false,
         }
     }
 
@@ -415,6 +417,7 @@ pub fn check_invariants(lock: &Lock, now: Millis) -> Result<(), String> {
             Mode::Read => {
                 lock.mode() == Some(Mode::Read) || own.is_some_and(|h| h.mode == Mode::Write)
             }
+            Mode::Permit => lock.holders().total_count() < u64::from(head.capacity),
         };
         ensure!(!grantable, "queue head left waiting although grantable");
     }
@@ -488,6 +491,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                     mode,
                     ttl,
                     options,
+                    capacity: 0,
                 };
                 let got = lock.request(req, id.map(WaiterId), &mut step);
                 let waiter = MWaiter {

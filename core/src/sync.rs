@@ -8,11 +8,12 @@
 //! `counter` the module-wide fencing counter.
 //!
 //! Three encodings of `state` are read; the first two are written:
-//! - binary version 2, only when the holder was created with BIND or LOCKDELAY or the key has
-//!   a lock-delay pending: the byte `0x02`, the 41 bytes of version 1 after its first byte,
-//!   then a flags byte (bit 0: the hold is bound), `bound_to` (the connection id on the
-//!   master), `lock_delay` and `delay_until` (the key's pending lock-delay, absolute ms, 0 for
-//!   none), 8 bytes each: 67 bytes;
+//! - binary version 2, only when the holder was created with BIND or LOCKDELAY, holds
+//!   semaphore permits, or the key has a lock-delay pending: the byte `0x02`, the 41 bytes of
+//!   version 1 after its first byte (`mode` 2 is a permit), then a flags byte (bit 0: the hold
+//!   is bound), `bound_to` (the connection id on the master), `lock_delay` and `delay_until`
+//!   (the key's pending lock-delay, absolute ms, 0 for none), 8 bytes each, and `capacity`
+//!   (4 bytes: the semaphore's, 0 for a lock): 71 bytes;
 //! - binary (written since tokens are tied to the clock, see [`crate::FLOOR_SHIFT`]): the byte
 //!   `0x01`, then `count` (8 bytes, little-endian), `mode` (1 byte: 0 write, 1 read),
 //!   `expires_at`, `token`, `fence`, `counter` (8 bytes each): 42 bytes, which Redis keeps in
@@ -47,7 +48,7 @@ const BINARY_V1: u8 = 0x01;
 const BINARY_V2: u8 = 0x02;
 /// Length of the binary encodings.
 const BINARY_LEN: usize = 1 + 8 + 1 + 8 * 4;
-const BINARY_V2_LEN: usize = BINARY_LEN + 1 + 8 * 3;
+const BINARY_V2_LEN: usize = BINARY_LEN + 1 + 8 * 3 + 4;
 
 /// The binary state argument of `LOCK.SYNC` (see the module docs), built on the stack: this
 /// runs for every holder a lock command changes.
@@ -66,6 +67,7 @@ fn mode_byte(mode: Mode) -> u8 {
     match mode {
         Mode::Write => 0,
         Mode::Read => 1,
+        Mode::Permit => 2,
     }
 }
 
@@ -78,9 +80,16 @@ pub fn sync_state(
     counter: u64,
     delay_until: Millis,
 ) -> SyncState {
-    let (count, mode, expires_at, token, options) = match holder {
-        Some(h) => (h.count, h.mode, h.expires_at, h.token, &h.options),
-        None => (0, Mode::Write, 0, 0, &PackedOptions::NONE),
+    let (count, mode, expires_at, token, options, capacity) = match holder {
+        Some(h) => (
+            h.count,
+            h.mode,
+            h.expires_at,
+            h.token,
+            &h.options,
+            h.capacity,
+        ),
+        None => (0, Mode::Write, 0, 0, &PackedOptions::NONE, 0),
     };
     let mut state = SyncState {
         buf: [0u8; BINARY_V2_LEN],
@@ -94,15 +103,15 @@ pub fn sync_state(
         let at = 10 + 8 * i;
         buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
     }
-    if !options.is_none() || delay_until != 0 {
-        add_version_2(&mut state, options.get(), delay_until);
+    if !options.is_none() || delay_until != 0 || capacity != 0 {
+        add_version_2(&mut state, options.get(), delay_until, capacity);
     }
     state
 }
 
 /// Turns a version 1 state into version 2 (rare: holds with options, running delays).
 #[cold]
-fn add_version_2(state: &mut SyncState, options: HoldOptions, delay_until: Millis) {
+fn add_version_2(state: &mut SyncState, options: HoldOptions, delay_until: Millis, capacity: u32) {
     state.buf[0] = BINARY_V2;
     state.buf[BINARY_LEN] = u8::from(options.bound_to.is_some());
     let extra = [
@@ -114,6 +123,8 @@ fn add_version_2(state: &mut SyncState, options: HoldOptions, delay_until: Milli
         let at = BINARY_LEN + 1 + 8 * i;
         state.buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
     }
+    let at = BINARY_LEN + 1 + 8 * 3;
+    state.buf[at..at + 4].copy_from_slice(&capacity.to_le_bytes());
     state.len = BINARY_V2_LEN;
 }
 
@@ -127,6 +138,7 @@ struct Decoded {
     counter: u64,
     options: HoldOptions,
     delay_until: Millis,
+    capacity: u32,
 }
 
 fn decode(state: &[u8]) -> Result<Decoded, ArgError> {
@@ -152,14 +164,28 @@ fn decode(state: &[u8]) -> Result<Decoded, ArgError> {
         if lock_delay > MAX_DURATION {
             return Err(ArgError::Syntax);
         }
+        let capacity = state
+            .get(BINARY_LEN + 25..BINARY_LEN + 29)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            .ok_or(ArgError::Syntax)?;
         let mut v1 = state.get(..BINARY_LEN).ok_or(ArgError::Syntax)?.to_vec();
         v1[0] = BINARY_V1;
+        // Mode 2 (a permit) exists in version 2 only.
+        let permit = v1.get(9) == Some(&2);
+        if permit {
+            v1[9] = 0;
+        }
         let mut decoded = decode(&v1)?;
+        if permit {
+            decoded.mode = Mode::Permit;
+        }
         decoded.options = HoldOptions {
             bound_to: bound.then_some(bound_to),
             lock_delay,
         };
         decoded.delay_until = delay_until;
+        decoded.capacity = capacity;
         return Ok(decoded);
     }
     if state.first() == Some(&BINARY_V1) {
@@ -180,6 +206,7 @@ fn decode(state: &[u8]) -> Result<Decoded, ArgError> {
             counter: u64_at(34)?,
             options: HoldOptions::default(),
             delay_until: 0,
+            capacity: 0,
         });
     }
     let fields: Vec<&[u8]> = state.split(|b| *b == b' ').collect();
@@ -205,6 +232,7 @@ fn decode(state: &[u8]) -> Result<Decoded, ArgError> {
         counter: number(counter)?,
         options: HoldOptions::default(),
         delay_until: 0,
+        capacity: 0,
     })
 }
 
@@ -225,9 +253,11 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
         counter,
         options,
         delay_until,
+        capacity,
     } = decode(state)?;
     let holder = (count > 0).then(|| Holder {
         mode,
+        capacity,
         count,
         expires_at,
         token,
@@ -283,6 +313,7 @@ mod tests {
         for v in [0, 1, 255, 1 << 40, MAX_TOKEN] {
             let h = Holder {
                 mode: Mode::Read,
+                capacity: 0,
                 count: 1,
                 expires_at: u64::MAX,
                 token: v.max(1),
@@ -303,6 +334,7 @@ mod tests {
             sync.holder,
             Some(Holder {
                 mode: Mode::Read,
+                capacity: 0,
                 count: 2,
                 expires_at: 1_795_440_190_000,
                 token: 12,
@@ -318,6 +350,7 @@ mod tests {
     fn a_malformed_binary_state_is_refused() {
         let holder = |token| Holder {
             mode: Mode::Write,
+            capacity: 0,
             count: 1,
             expires_at: 10,
             token,
@@ -368,6 +401,7 @@ mod tests {
     fn options_and_a_pending_delay_travel_in_version_2() {
         let bound = Holder {
             mode: Mode::Write,
+            capacity: 0,
             count: 3,
             expires_at: 5_000,
             token: 9,
@@ -377,12 +411,12 @@ mod tests {
             }),
         };
         let state = sync_state(Some(&bound), 9, 11, 0);
-        assert_eq!(state.as_bytes().len(), 67);
+        assert_eq!(state.as_bytes().len(), 71);
         let sync = parse_sync(&[b"o", state.as_bytes()]).unwrap();
         assert_eq!(sync.holder, Some(bound));
         assert_eq!((sync.fence, sync.counter, sync.delay_until), (9, 11, 0));
         let removal = sync_state(None, 9, 11, 123_456);
-        assert_eq!(removal.as_bytes().len(), 67);
+        assert_eq!(removal.as_bytes().len(), 71);
         let sync = parse_sync(&[b"o", removal.as_bytes()]).unwrap();
         assert_eq!((sync.holder, sync.delay_until), (None, 123_456));
         // Version 1 stays the form for everything without options.
@@ -406,5 +440,37 @@ mod tests {
         ] {
             assert_eq!(parse_sync(&[b"o", bad]), Err(ArgError::Syntax), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_permit_travels_in_version_2_with_its_capacity() {
+        let permit = Holder {
+            mode: Mode::Permit,
+            capacity: crate::MAX_CAPACITY,
+            count: 2,
+            expires_at: 5_000,
+            token: 9,
+            options: PackedOptions::default(),
+        };
+        let state = sync_state(Some(&permit), 9, 11, 0);
+        assert_eq!(state.as_bytes().len(), 71);
+        assert_eq!(
+            parse_sync(&[b"o", state.as_bytes()]).unwrap().holder,
+            Some(permit)
+        );
+        // Mode 2 in a version 1 state, or a permit whose capacity is out of range: refused.
+        let mut v1 = sync_state(None, 9, 11, 0).as_bytes().to_vec();
+        v1[9] = 2;
+        assert_eq!(parse_sync(&[b"o", &v1]), Err(ArgError::Syntax));
+        let zero = Holder {
+            mode: Mode::Permit,
+            capacity: 0,
+            count: 1,
+            expires_at: 5_000,
+            token: 9,
+            options: PackedOptions::default(),
+        };
+        let state = sync_state(Some(&zero), 9, 11, 0);
+        assert_eq!(parse_sync(&[b"o", state.as_bytes()]), Err(ArgError::Syntax));
     }
 }

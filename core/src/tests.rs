@@ -81,6 +81,19 @@ impl Bench {
             mode,
             ttl,
             options,
+            capacity: 0,
+        };
+        self.run(|l, s| l.request(req, wait.map(WaiterId), s))
+    }
+
+    /// One permit of a semaphore of `capacity`.
+    fn permit(&mut self, owner: &str, capacity: u32, ttl: Millis, wait: Option<u64>) -> Acquired {
+        let req = Request {
+            owner: owner.as_bytes(),
+            mode: Mode::Permit,
+            ttl,
+            options: HoldOptions::default(),
+            capacity,
         };
         self.run(|l, s| l.request(req, wait.map(WaiterId), s))
     }
@@ -417,6 +430,7 @@ fn direct_changes_are_reported_for_replication() {
 fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
     let holder = |mode, count, token| Holder {
         mode,
+        capacity: 0,
         count,
         expires_at: 10_000,
         token,
@@ -818,4 +832,120 @@ fn the_end_of_every_bound_hold_is_reported_with_its_connection() {
     b.request("d", Mode::Write, 10_000, None, opts(Some(6), 0));
     assert_eq!(b.disconnect(6), 1);
     assert_eq!(bound_ends(&mut b), vec![6]);
+}
+
+#[test]
+fn a_semaphore_grants_up_to_its_capacity_then_queues_in_order() {
+    let mut b = Bench::new();
+    assert_eq!(b.lock.kind(), Kind::Fresh);
+    let t1 = token(b.permit("a", 2, 1_000, None));
+    assert_eq!(b.lock.kind(), Kind::Semaphore(2));
+    token(b.permit("b", 2, 1_000, None));
+    assert_eq!(b.permit("c", 2, 1_000, None), Acquired::Busy);
+    assert_eq!(b.permit("c", 2, 1_000, Some(1)), Acquired::Queued);
+    // An owner that holds permits asks for one more behind the queue, like anyone.
+    assert_eq!(b.permit("a", 2, 1_000, Some(2)), Acquired::Queued);
+    assert_eq!(b.lock.holders().total_count(), 2);
+    b.release("b").unwrap();
+    assert_eq!(b.granted_ids(), vec![1]);
+    b.release("c").unwrap();
+    let events = b.take_events();
+    assert!(
+        matches!(&events[..], [Event::Granted { waiter: WaiterId(2), token, count: 2, .. }] if *token == t1),
+        "a's second permit, with its first token: {events:?}"
+    );
+    assert_eq!(b.count("a"), Some(2));
+    // RELEASE drops one permit, ALL every one.
+    assert_eq!(b.release("a"), Ok(1));
+    assert_eq!(b.run(|l, s| l.release(b"a", true, s)), Ok(0));
+    assert!(b.lock.is_empty());
+}
+
+#[test]
+fn freed_permits_go_to_as_many_head_waiters_as_fit() {
+    let mut b = Bench::new();
+    b.permit("a", 3, 100, None);
+    b.permit("b", 3, 100, None);
+    b.permit("c", 3, 5_000, None);
+    for (i, o) in ["w1", "w2", "w3"].iter().enumerate() {
+        assert_eq!(b.permit(o, 3, 1_000, Some(i as u64 + 1)), Acquired::Queued);
+    }
+    // a and b expire together: two permits free, the first two waiters get them.
+    b.tick_at(1_100);
+    assert_eq!(b.granted_ids(), vec![1, 2]);
+    assert_eq!(b.lock.holders().total_count(), 3);
+    assert_eq!(b.lock.queue().len(), 1);
+}
+
+#[test]
+fn a_key_keeps_its_kind_and_capacity_while_it_exists() {
+    let mut b = Bench::new();
+    b.permit("a", 2, 1_000, None);
+    assert_eq!(b.permit("x", 3, 1_000, Some(1)), Acquired::CapacityMismatch);
+    assert_eq!(b.write("x"), Acquired::WrongKind);
+    assert_eq!(b.read("x"), Acquired::WrongKind);
+    assert!(b.lock.queue().is_empty(), "a refusal queues nothing");
+    // A lock key refuses permits.
+    let mut l = Bench::new();
+    l.write("w");
+    assert_eq!(l.permit("x", 2, 1_000, Some(1)), Acquired::WrongKind);
+    // A lock-delay alone still makes the key a lock.
+    let mut d = Bench::new();
+    d.request("w", Mode::Write, 100, None, opts(None, 1_000));
+    d.tick_at(1_100);
+    assert_eq!(d.lock.kind(), Kind::Lock);
+    assert_eq!(d.permit("x", 2, 1_000, None), Acquired::WrongKind);
+    // Once the key is empty again, the next request sets the kind anew.
+    b.run(|l, s| l.release(b"a", true, s)).unwrap();
+    assert_eq!(b.lock.kind(), Kind::Fresh);
+    assert!(matches!(
+        b.permit("x", 5, 1_000, None),
+        Acquired::Granted { .. }
+    ));
+    assert_eq!(b.lock.kind(), Kind::Semaphore(5));
+}
+
+#[test]
+fn a_restored_permit_must_fit_the_semaphore() {
+    let permit = |capacity, count, token| Holder {
+        mode: Mode::Permit,
+        capacity,
+        count,
+        expires_at: 10_000,
+        token,
+        options: Default::default(),
+    };
+    let mut fences = FenceCounter::default();
+    let mut lock = Lock::new();
+    lock.restore_holder(b"a", permit(3, 2, 1), &mut fences);
+    assert_eq!(lock.check_restorable(b"b", &permit(3, 1, 2)), Ok(()));
+    assert_eq!(
+        lock.check_restorable(b"b", &permit(3, 2, 2)),
+        Err(RestoreError::Conflict)
+    );
+    assert_eq!(
+        lock.check_restorable(b"b", &permit(4, 1, 2)),
+        Err(RestoreError::Conflict)
+    );
+    assert_eq!(
+        lock.check_restorable(b"a", &permit(3, 3, 1)),
+        Ok(()),
+        "a's own state replaced"
+    );
+    assert_eq!(
+        lock.check_restorable(b"c", &permit(0, 1, 2)),
+        Err(RestoreError::Capacity)
+    );
+    let writer = Holder {
+        mode: Mode::Write,
+        capacity: 0,
+        count: 1,
+        expires_at: 10_000,
+        token: 5,
+        options: Default::default(),
+    };
+    assert_eq!(
+        lock.check_restorable(b"w", &writer),
+        Err(RestoreError::Conflict)
+    );
 }
