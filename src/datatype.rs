@@ -3,11 +3,13 @@
 //!
 //! RDB encoding, version 2 (waiters are connections and are never saved):
 //! `fence` (unsigned), `holder count` (unsigned), then per holder `owner` (string),
-//! `mode` (unsigned: 0 write, 1 read), `count`, `expires_at` (absolute Unix ms), `token`,
-//! `bound` (0, or 1 followed by the connection id), `lock_delay`; then `delay_until` (the
-//! pending lock-delay's end, absolute Unix ms, 0 for none).
-//! Version 1, written before BIND and LOCKDELAY, is version 2 without the per-holder `bound`
-//! and `lock_delay` and without `delay_until`; it is still read.
+//! `mode` (unsigned: 0 write, 1 read, 2 semaphore permit), `count`, `expires_at` (absolute
+//! Unix ms), `token`, `bound` (0, or 1 followed by the connection id), `lock_delay`,
+//! `capacity` (the semaphore's, 0 for a lock); then `delay_until` (the pending lock-delay's
+//! end, absolute Unix ms, 0 for none).
+//! Version 1, written before BIND, LOCKDELAY and semaphores, is version 2 without the
+//! per-holder `bound`, `lock_delay` and `capacity` and without `delay_until`, modes 0 and 1
+//! only; it is still read.
 //! The module-wide fencing counter is saved as aux data before the keys.
 //!
 //! Bound holds are saved with their connection id: a replica that loads its master's RDB keeps
@@ -49,6 +51,7 @@ impl TypeHandler for LockType {
                 None => rdb.unsigned(0),
             }
             rdb.unsigned(options.lock_delay);
+            rdb.unsigned(u64::from(h.capacity));
         }
         rdb.unsigned(value.lock.delay_until());
     }
@@ -120,6 +123,7 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
                 let mode = match rdb.unsigned()? {
                     0 => Mode::Write,
                     1 => Mode::Read,
+                    2 if with_options => Mode::Permit,
                     m => return Err(format!("unknown mode {m}")),
                 };
                 let count = rdb.unsigned()?;
@@ -137,11 +141,17 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
                         return Err("lock-delay out of range".into());
                     }
                 }
+                let capacity = if with_options {
+                    u32::try_from(rdb.unsigned()?).map_err(|_| "capacity out of range")?
+                } else {
+                    0
+                };
                 if lock.holders().get(&owner).is_some() {
                     return Err("duplicate owner".into());
                 }
                 let holder = Holder {
                     mode,
+                    capacity,
                     count,
                     expires_at,
                     token,
@@ -179,6 +189,9 @@ fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, Vec<u64>)> {
         .iter()
         .map(|(o, h)| {
             let mut numbers = vec![mode_code(h.mode), h.count, h.expires_at, h.token];
+            if h.mode == Mode::Permit {
+                numbers.push(u64::from(h.capacity));
+            }
             // Options only when there are some, so values without them digest as before.
             if !h.options.is_none() {
                 let options = h.options.get();
@@ -202,5 +215,6 @@ fn mode_code(mode: Mode) -> u64 {
     match mode {
         Mode::Write => 0,
         Mode::Read => 1,
+        Mode::Permit => 2,
     }
 }

@@ -31,3 +31,9 @@ pub fn arg_error(e: ArgError) -> RedisError {
 
 pub const BIND_IN_SCRIPT: &str =
     "ERR BIND is not allowed in scripts and functions: their connection never closes";
+pub const NOT_A_SEMAPHORE: &str =
+    "WRONGKIND the key holds a lock, not a semaphore (LOCK.SEMACQUIRE is for semaphore keys)";
+pub const NOT_A_LOCK: &str =
+    "WRONGKIND the key holds a semaphore, not a lock (use LOCK.SEMACQUIRE)";
+pub const CAPACITY_MISMATCH: &str =
+    "ERR the semaphore has another capacity (LOCK.INFO shows it); a key keeps its capacity while it exists";

@@ -106,6 +106,24 @@ pub const RWREAD: CommandDoc = CommandDoc {
     args: &[KEY, OWNER, TTL, WAIT, BIND],
 };
 
+const CAPACITY: ArgDoc = arg("capacity", ArgKind::Integer);
+
+pub const SEMACQUIRE: CommandDoc = CommandDoc {
+    name: "lock.semacquire",
+    arity: -5,
+    flags: "write deny-oom blocking",
+    access: KeyAccess::ReadWrite,
+    summary: "Takes one permit of a counting semaphore of `capacity` permits for `ttl` ms; \
+                  with WAIT, queues in FIFO order until a permit is free or `timeout` ms pass; \
+                  BIND ends the owner's permits when this connection closes. Replies with the \
+                  fencing token (the owner's own when it already holds permits), or nil.",
+    complexity: "O(log N) where N is the number of holders and waiters of the key",
+    since: SINCE,
+    acl_categories: "write slow blocking",
+    in_module_category: true,
+    args: &[KEY, OWNER, CAPACITY, TTL, WAIT, BIND],
+};
+
 pub const RELEASE: CommandDoc = CommandDoc {
     name: "lock.release",
     arity: -3,

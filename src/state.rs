@@ -164,6 +164,7 @@ pub struct Counters {
     pub readers: Cell<u64>,
     pub writers: Cell<u64>,
     pub waiters: Cell<u64>,
+    pub permits: Cell<u64>,
 }
 
 impl Counters {
@@ -177,6 +178,7 @@ impl Counters {
             readers: Cell::new(0),
             writers: Cell::new(0),
             waiters: Cell::new(0),
+            permits: Cell::new(0),
         }
     }
 }

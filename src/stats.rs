@@ -32,21 +32,29 @@ pub struct Gauges {
     pub readers: u32,
     pub writers: u32,
     pub waiters: u32,
+    /// Semaphore permits held (an owner with 3 permits counts 3).
+    pub permits: u32,
 }
 
 impl Gauges {
     pub fn of(lock: &Lock) -> Self {
         let holders = u32::try_from(lock.holders().len()).unwrap_or(u32::MAX);
-        let (readers, writers) = match lock.mode() {
-            Some(Mode::Read) => (holders, 0),
-            Some(Mode::Write) => (0, holders),
-            None => (0, 0),
+        let (readers, writers, permits) = match lock.mode() {
+            Some(Mode::Read) => (holders, 0, 0),
+            Some(Mode::Write) => (0, holders, 0),
+            Some(Mode::Permit) => (
+                0,
+                0,
+                u32::try_from(lock.holders().total_count()).unwrap_or(u32::MAX),
+            ),
+            None => (0, 0, 0),
         };
         Gauges {
             locks_held: u32::from(holders > 0),
             readers,
             writers,
             waiters: u32::try_from(lock.queue().len()).unwrap_or(u32::MAX),
+            permits,
         }
     }
 }
@@ -89,17 +97,19 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
         shift(&c.readers, old.readers, new.readers);
         shift(&c.writers, old.writers, new.writers);
         shift(&c.waiters, old.waiters, new.waiters);
+        shift(&c.permits, old.permits, new.permits);
     });
 }
 
 /// The INFO figures, in the order SPEC.md names them.
-pub fn snapshot() -> [(&'static str, u64); 8] {
+pub fn snapshot() -> [(&'static str, u64); 9] {
     with_counters(|c| {
         [
             ("locks_held", c.locks_held.get()),
             ("readers", c.readers.get()),
             ("writers", c.writers.get()),
             ("waiters", c.waiters.get()),
+            ("permits", c.permits.get()),
             ("grants_total", c.grants.get()),
             ("timeouts_total", c.timeouts.get()),
             ("expirations_total", c.expirations.get()),

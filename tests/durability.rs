@@ -596,14 +596,19 @@ fn a_corrupt_lock_payload_is_refused_cleanly() {
     let mut wrong_version = good.clone();
     wrong_version[9] = (wrong_version[9] & 0xfc) | 0x03;
 
-    // Encoding version 1 (before BIND and LOCKDELAY) still loads: the same value without the
-    // holder's `bound` and `lock_delay` and the key's `delay_until`, each an unsigned 0 (opcode
-    // 2, length byte 0), just before the EOF opcode, the RDB version (2 bytes) and the CRC.
+    // Encoding version 1 (before BIND, LOCKDELAY and semaphores) still loads: the same value
+    // without the holder's `bound`, `lock_delay` and `capacity` and the key's `delay_until`,
+    // each an unsigned 0 (opcode 2, length byte 0), just before the EOF opcode, the RDB version
+    // (2 bytes) and the CRC.
     let eof = good.len() - 8 - 2 - 1;
     assert_eq!(good[eof], 0, "module value EOF opcode");
-    assert_eq!(good[eof - 6..eof], [2, 0, 2, 0, 2, 0], "version 2 tail");
+    assert_eq!(
+        good[eof - 8..eof],
+        [2, 0, 2, 0, 2, 0, 2, 0],
+        "version 2 tail"
+    );
     let mut version_1 = good.clone();
-    version_1.drain(eof - 6..eof);
+    version_1.drain(eof - 8..eof);
     version_1[9] = (version_1[9] & 0xfc) | 0x01;
     redis::cmd("RESTORE")
         .arg("v1")

@@ -1,13 +1,14 @@
-//! LOCK.ACQUIRE and LOCK.RWREAD: take a lock exclusive or shared, now or after waiting in the
-//! FIFO queue (the client is then blocked natively; `waiters` replies when it is granted, times
-//! out or leaves).
+//! LOCK.ACQUIRE, LOCK.RWREAD and LOCK.SEMACQUIRE: take a lock exclusive or shared, or a
+//! semaphore permit, now or after waiting in the FIFO queue (the client is then blocked
+//! natively; `waiters` replies when it is granted, times out or leaves).
 
-use redis_lock_core::parse::Accepts;
+use redis_lock_core::parse::{Accepts, AcquireArgs};
 use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Waiter};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
-    arg_error, BIND_IN_SCRIPT, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED, QUEUE_FULL, TOO_MANY_WAITERS,
+    arg_error, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED,
+    NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
 };
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
@@ -36,14 +37,38 @@ impl Command for RwRead {
     }
 }
 
+/// LOCK.SEMACQUIRE key owner capacity ttl [WAIT timeout] [BIND]
+pub struct SemAcquire;
+
+impl Command for SemAcquire {
+    const NAME: &'static str = "LOCK.SEMACQUIRE";
+    fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        let (key_arg, rest) = split_key(&args)?;
+        let sem = parse::semacquire(&rest).map_err(arg_error)?;
+        request(ctx, key_arg, sem.request, Mode::Permit, sem.capacity)
+    }
+}
+
 fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResult {
     let (key_arg, rest) = split_key(args)?;
-    let key = key_arg.as_slice();
     let accepts = match mode {
         Mode::Write => Accepts::Exclusive,
-        Mode::Read => Accepts::Shared,
+        Mode::Read | Mode::Permit => Accepts::Shared,
     };
     let req = parse::acquire(&rest, accepts).map_err(arg_error)?;
+    request(ctx, key_arg, req, mode, 0)
+}
+
+/// Runs a parsed request (`capacity` for a permit, 0 otherwise): grants it, queues and blocks
+/// the client, or refuses it.
+fn request(
+    ctx: &Context,
+    key_arg: &RedisString,
+    req: AcquireArgs<'_>,
+    mode: Mode,
+    capacity: u32,
+) -> RedisResult {
+    let key = key_arg.as_slice();
     let flags = ctx.get_flags();
     // A script's or function's commands run on a connection of the server's own that never
     // closes: a hold bound to it would only end by its TTL, which is not what BIND promises.
@@ -59,6 +84,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
         mode,
         ttl: req.ttl,
         options,
+        capacity,
     };
     let db = context::selected_db(ctx);
     settle::run_for(ctx, db, key);
@@ -97,6 +123,7 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
                 mode,
                 ttl: req.ttl,
                 options,
+                capacity,
             };
             if blocking::block(ctx, id, db, key, waiter, timeout) {
                 // The reply comes from the blocked-client callbacks.
@@ -113,5 +140,8 @@ fn acquire_in_mode(ctx: &Context, args: &[RedisString], mode: Mode) -> RedisResu
         Acquired::Busy => Ok(RedisValue::Null),
         Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
         Acquired::CountOverflow => Err(RedisError::Str(COUNT_OVERFLOW)),
+        Acquired::WrongKind if mode == Mode::Permit => Err(RedisError::Str(NOT_A_SEMAPHORE)),
+        Acquired::WrongKind => Err(RedisError::Str(NOT_A_LOCK)),
+        Acquired::CapacityMismatch => Err(RedisError::Str(CAPACITY_MISMATCH)),
     }
 }

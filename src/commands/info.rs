@@ -9,6 +9,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
+use redis_lock_core::{Kind, Mode};
 
 /// LOCK.INFO key
 pub struct Info;
@@ -34,6 +35,7 @@ impl Command for Info {
         holders.sort_by(|a, b| a.0.cmp(b.0));
         let mode = match holders.first() {
             None => "free",
+            Some((_, h)) if h.mode == Mode::Permit => "semaphore",
             Some((_, h)) => h.mode.as_str(),
         };
         let holders = holders
@@ -64,16 +66,22 @@ impl Command for Info {
             RedisValue::Integer(i64::try_from(lock.queue().len()).unwrap_or(i64::MAX)),
         );
         map.insert(field("queue"), RedisValue::Array(queue));
-        // Fields added after version 1 come after the first five, in the order they were added:
-        // RESP2 clients may read by position. The map orders keys by variant first, then by
-        // value, so a `BulkString` key sorts after every `String` key above.
-        let later_field = |name: &str| RedisValueKey::BulkString(name.as_bytes().to_vec());
+        // Fields added after version 1 come after the first five, in the order they were added
+        // (`delay`, then `capacity` for semaphores): RESP2 clients may read by position. The map
+        // orders keys by variant first (`String` < `BulkRedisString` < `BulkString`), so each
+        // of these sorts after the ones before it whatever its name.
         // Remaining ms of the lock-delay (0 for none); `mode` is `free` meanwhile.
         let delay = lock.delay_end(now).saturating_sub(now);
         map.insert(
-            later_field("delay"),
+            RedisValueKey::BulkRedisString(ctx.create_string("delay")),
             RedisValue::Integer(i64::try_from(delay).unwrap_or(i64::MAX)),
         );
+        if let Kind::Semaphore(capacity) = lock.kind() {
+            map.insert(
+                RedisValueKey::BulkString(b"capacity".to_vec()),
+                RedisValue::Integer(i64::from(capacity)),
+            );
+        }
         Ok(RedisValue::OrderedMap(map))
     }
 }

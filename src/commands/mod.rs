@@ -17,9 +17,10 @@ use crate::metadata;
 use crate::sys::commands::{self, handler, CommandDoc, Handler};
 
 /// Every command the module serves (the test-only hooks are in `debug`).
-pub const TABLE: [(&CommandDoc, Handler); 6] = [
+pub const TABLE: [(&CommandDoc, Handler); 7] = [
     (&metadata::ACQUIRE, handler::<acquire::Acquire>()),
     (&metadata::RWREAD, handler::<acquire::RwRead>()),
+    (&metadata::SEMACQUIRE, handler::<acquire::SemAcquire>()),
     (&metadata::RELEASE, handler::<release::Release>()),
     (&metadata::EXTEND, handler::<extend::Extend>()),
     (&metadata::INFO, handler::<info::Info>()),
