@@ -78,6 +78,7 @@ fn command_docs_show_summary_complexity_since_and_arguments() {
     for command in [
         "lock.acquire",
         "lock.rwread",
+        "lock.semacquire",
         "lock.release",
         "lock.extend",
         "lock.info",
@@ -146,6 +147,7 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
     for (command, blocking) in [
         ("lock.acquire", true),
         ("lock.rwread", true),
+        ("lock.semacquire", true),
         ("lock.release", false),
         ("lock.extend", false),
         ("lock.info", false),
@@ -164,12 +166,12 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
             "{command}: {flags:?}"
         );
         // The key is declared: cluster routing and ACL key patterns see it.
-        let keys = query(
-            &mut c,
-            &["COMMAND", "GETKEYS", command, "k1", "o", "1000"]
-                [..if command == "lock.info" { 4 } else { 6 }],
-        )
-        .expect("GETKEYS");
+        let words: &[&str] = match command {
+            "lock.info" => &["COMMAND", "GETKEYS", command, "k1"],
+            "lock.semacquire" => &["COMMAND", "GETKEYS", command, "k1", "o", "2", "1000"],
+            _ => &["COMMAND", "GETKEYS", command, "k1", "o", "1000"],
+        };
+        let keys = query(&mut c, words).expect("GETKEYS");
         assert_eq!(strings(&keys), vec!["k1".to_string()], "{command}");
     }
 
@@ -226,6 +228,7 @@ fn acl_categories_where_the_server_has_them_and_names_everywhere() {
     let flavor = flavor(&mut admin);
     let acquire = ["LOCK.ACQUIRE", "k", "o", "1000"];
     let rwread = ["LOCK.RWREAD", "r", "o", "1000"];
+    let semacquire = ["LOCK.SEMACQUIRE", "s", "o", "2", "1000"];
     let release = ["LOCK.RELEASE", "k", "nobody"];
     let extend = ["LOCK.EXTEND", "k", "nobody", "1000"];
     let info = ["LOCK.INFO", "k"];
@@ -239,12 +242,13 @@ fn acl_categories_where_the_server_has_them_and_names_everywhere() {
         &[
             "+lock.acquire",
             "+lock.rwread",
+            "+lock.semacquire",
             "+lock.release",
             "+lock.extend",
             "+lock.info",
         ],
     );
-    for words in [&acquire[..], &rwread, &release, &extend, &info] {
+    for words in [&acquire[..], &rwread, &semacquire, &release, &extend, &info] {
         assert!(allowed(&mut named, words), "{words:?} by name");
     }
     assert!(!allowed(&mut named, &sync));
@@ -252,7 +256,7 @@ fn acl_categories_where_the_server_has_them_and_names_everywhere() {
     let mut writer = user_connection(&server, &mut admin, "writer", &["+@write"]);
     let mut reader = user_connection(&server, &mut admin, "reader", &["+@read"]);
     if flavor.has_module_acl_categories() {
-        for words in [&acquire[..], &rwread, &release, &extend] {
+        for words in [&acquire[..], &rwread, &semacquire, &release, &extend] {
             assert!(
                 allowed(&mut writer, words),
                 "{flavor:?}: {words:?} in @write"
@@ -271,6 +275,7 @@ fn acl_categories_where_the_server_has_them_and_names_everywhere() {
         let mut blocking = user_connection(&server, &mut admin, "blocking", &["+@blocking"]);
         assert!(allowed(&mut blocking, &acquire));
         assert!(allowed(&mut blocking, &rwread));
+        assert!(allowed(&mut blocking, &semacquire));
         assert!(!allowed(&mut blocking, &release));
     } else {
         // Redis 7.0: module commands belong to no category.
@@ -287,7 +292,7 @@ fn acl_categories_where_the_server_has_them_and_names_everywhere() {
     if flavor.has_module_own_category() {
         assert_eq!(own, Ok(Value::Okay), "{flavor:?}");
         let mut own = user_connection(&server, &mut admin, "own", &["+@lock"]);
-        for words in [&acquire[..], &rwread, &release, &extend, &info] {
+        for words in [&acquire[..], &rwread, &semacquire, &release, &extend, &info] {
             assert!(allowed(&mut own, words), "{flavor:?}: {words:?} in @lock");
         }
         assert!(!allowed(&mut own, &sync), "LOCK.SYNC is not in @lock");
