@@ -52,6 +52,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     drop(guard);
 
+    // A semaphore of 2 permits: each guard holds one; a third waits (FIFO) or is refused.
+    let first = client.try_permit("example:slots", 2, Duration::from_secs(10))?;
+    let second = client.try_permit("example:slots", 2, Duration::from_secs(10))?;
+    match client.try_permit("example:slots", 2, Duration::from_secs(10)) {
+        Err(LockError::Held { .. }) => println!("both permits are taken; a third is refused"),
+        other => println!("unexpected: {other:?}"),
+    }
+    drop(first); // gives its permit back
+    let third = client.permit(
+        "example:slots",
+        2,
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    )?;
+    println!(
+        "permit tokens {:?} and {:?}",
+        second.fencing_token(),
+        third.fencing_token()
+    );
+    drop((second, third));
+
     if urls.len() >= 3 {
         let redlock = Redlock::new(&urls, Duration::from_millis(50))?;
         let guard = redlock.acquire(

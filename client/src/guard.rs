@@ -1,4 +1,5 @@
-//! The held lock: tokens, validity, extend, release (also on drop), and the watchdog.
+//! The held lock or semaphore permit: tokens, validity, extend, release (also on drop), and the
+//! watchdog.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -7,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::bound::{BoundLink, Links};
-use crate::{drift, extend_cmd, extend_outcome, release_cmd, release_outcome};
+use crate::{drift, extend_cmd, extend_outcome, release_cmd, release_one_cmd, release_outcome};
 use crate::{Acquire, LockError, Mode, Outcome, Servers};
 
 /// How often the watchdog of a bound guard checks its connections between extends (a probe
@@ -86,6 +87,9 @@ struct State {
     owner: String,
     mode: Mode,
     ttl: Duration,
+    /// Release all of the owner's holds (`ALL`): the owner is this guard's alone (random).
+    /// Otherwise (an explicit owner, [`Acquire::owner`]) one hold.
+    release_all: bool,
     /// (instance index, token) for every instance that granted.
     tokens: Vec<(usize, u64)>,
     /// A bound guard's connections (see [`crate::bound`]).
@@ -254,11 +258,18 @@ impl State {
             return Vec::new();
         }
         let Some(links) = &self.links else {
-            return self.servers.release(&self.key, &self.owner);
+            return self
+                .servers
+                .release(&self.key, &self.owner, self.release_all);
         };
         // Released over each bound connection (or, while the watchdog uses it, over a pooled
         // one), then the connections close: the release comes first, so no lock-delay starts.
-        let results = links.run(&self.servers, &release_cmd(&self.key, &self.owner));
+        let release = if self.release_all {
+            release_cmd(&self.key, &self.owner)
+        } else {
+            release_one_cmd(&self.key, &self.owner)
+        };
+        let results = links.run(&self.servers, &release);
         let outcomes = results
             .into_iter()
             .enumerate()
@@ -275,8 +286,13 @@ impl State {
     }
 }
 
-/// A held lock. Dropping it stops its watchdog and releases it (best effort, bounded by the
-/// per-instance timeout; a lease that cannot be released ends at its ttl).
+/// A held lock, or one held semaphore permit ([`Acquire::permit`]). Dropping it stops its
+/// watchdog and releases it (best effort, bounded by the per-instance timeout; a lease that
+/// cannot be released ends at its ttl).
+///
+/// The guard holds under its own random owner token ([`LockGuard::owner`]), so its release
+/// ends exactly its own hold (for a semaphore: its one permit); with an explicit owner
+/// ([`Acquire::owner`]) it drops one hold of that owner.
 pub struct LockGuard {
     state: Arc<State>,
     watchdog: Option<JoinHandle<()>>,
@@ -300,6 +316,7 @@ impl LockGuard {
             owner,
             mode: request.mode,
             ttl: request.ttl,
+            release_all: request.release_all(),
             tokens,
             links: links.map(Links::new),
             lease: Mutex::new(Lease {
@@ -322,11 +339,13 @@ impl LockGuard {
         &self.state.key
     }
 
-    /// The random owner token this guard holds the lock under.
+    /// The owner this guard holds the lock (or permit) under: a random token of its own, or
+    /// the one given with [`Acquire::owner`].
     pub fn owner(&self) -> &str {
         &self.state.owner
     }
 
+    /// Write, read, or a permit of a semaphore (with its capacity).
     pub fn mode(&self) -> Mode {
         self.state.mode
     }
@@ -336,7 +355,11 @@ impl LockGuard {
         self.state.links.is_some()
     }
 
-    /// The fencing token, for a lock on one server. A quorum lock has one token per granting
+    /// The fencing token, for a lock (or permit) on one server. For a permit it is the token of
+    /// the grant: every permit of a semaphore key gets a new, greater one, except one granted to
+    /// an owner that already held permits of it (an explicit owner), which gets its token again.
+    /// Up to `capacity` permits are held at once, so a permit's token orders the grants but
+    /// does not single out one holder as a lock's does. A quorum lock has one token per granting
     /// server and they are not comparable across servers, so this is `None` there: see
     /// [`LockGuard::tokens`].
     pub fn fencing_token(&self) -> Option<u64> {
@@ -395,8 +418,8 @@ impl LockGuard {
             .map(|deadline| deadline.saturating_duration_since(Instant::now()))
     }
 
-    /// Releases the lock everywhere. An error lists servers that could not be reached (their
-    /// hold ends at its ttl).
+    /// Releases the lock (or the permit) everywhere. An error lists servers that could not be
+    /// reached (their hold ends at its ttl).
     pub fn release(mut self) -> Result<(), LockError> {
         let outcomes = self.finish();
         if outcomes

@@ -2,15 +2,17 @@
 //!
 //! - [`LockClient`]: one Redis server. Exclusive and read locks, with a try or a
 //!   wait-with-timeout acquire (the server queues the waiter natively, in FIFO order).
+//!   Also counting semaphores: one permit per guard ([`Acquire::permit`], see
+//!   [semaphores](#semaphores)).
 //! - [`Redlock`]: N independent Redis servers, each with the module. A lock is held when a
 //!   majority (N/2+1) granted it; requests go to all servers in parallel, each bounded by a
-//!   per-instance timeout.
+//!   per-instance timeout. Locks only: it refuses semaphore permits.
 //!
 //! Both hand out a [`LockGuard`]: its fencing token(s), its remaining validity, `extend`,
 //! `release`, release on drop (best effort), and an optional [`Watchdog`] that keeps extending
 //! the lease and reports a lost lock. A hold can also be bound to a connection of the guard's
 //! own ([`Acquire::bind`]) and carry a lock-delay ([`Acquire::lock_delay`]): see
-//! [bound holds](#bound-holds).
+//! [bound holds](#bound-holds). Failures are [`LockError`]s: see [errors](#errors).
 //!
 //! # Connections
 //!
@@ -70,6 +72,64 @@
 //!   to nobody for that long after the hold ends other than by a release: ttl run out, bound
 //!   connection closed. A holder that was paused past its loss cannot then overlap with the next
 //!   one, provided it is back within the delay.
+//!
+//! # Semaphores
+//!
+//! [`Acquire::permit`]`(capacity, ttl)` asks one permit of the counting semaphore in the key
+//! (`LOCK.SEMACQUIRE`): at most `capacity` permits of the key are held at a time, and waiters
+//! ([`Acquire::wait`]) are granted in FIFO order as permits come back. [`LockClient::try_permit`]
+//! and [`LockClient::permit`] are the short forms.
+//!
+//! - **One guard, one permit, one owner.** Each guard asks under a fresh random owner, so it
+//!   holds exactly one permit of its own: [`LockGuard::release`] and drop give that permit back
+//!   (to the head waiter at once), [`LockGuard::extend`] and a [`Watchdog`] renew its expiry,
+//!   [`LockGuard::fencing_token`] is its grant's token, and a permit's ttl, [`Acquire::bind`]
+//!   and loss work as for a lock. To take several permits, take several guards. (With an
+//!   explicit [`Acquire::owner`], each guard is one more permit of that owner and drops one.)
+//! - **Capacity.** A key keeps the capacity it was created with while it has holders or
+//!   waiters: another capacity fails with [`LockError::CapacityMismatch`]; a permit of a lock
+//!   key, or a lock of a semaphore key, with [`LockError::WrongKind`]. A lock-delay does not
+//!   apply to permits ([`LockError::InvalidRequest`]).
+//! - **One server only.** [`Redlock`] refuses permits with [`LockError::InvalidRequest`],
+//!   before anything is sent. A majority is what makes a Redlock *lock* exclusive: two
+//!   majorities share a server, which grants one of them. Permits have no such intersection
+//!   argument: each server counts only its own permits, so N/2+1 grants of a capacity-C
+//!   semaphore do not bound the holders to C. With 3 servers and capacity 2, three owners can
+//!   hold permits on servers {1,2}, {2,3} and {1,3}: every server is within its capacity and
+//!   every owner has a majority, yet 3 hold at once. (The only sound bound for a majority is
+//!   `floor(N*C / (N/2+1))` holders, more than C in general; demanding all N servers would
+//!   bound it to C but lose all fault tolerance.) For capacity 1, a Redlock write lock is the
+//!   same thing.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::{Acquire, LockClient, Watchdog};
+//!
+//! let client = LockClient::new("redis://127.0.0.1:6379/", Duration::from_millis(500))?;
+//! // At most 4 exports run at a time; wait up to 30 s for a slot, keep it while we work.
+//! let permit = client.acquire(
+//!     "exports:slots",
+//!     Acquire::permit(4, Duration::from_secs(10))
+//!         .wait(Duration::from_secs(30))
+//!         .watchdog(Watchdog::new()),
+//! )?;
+//! // ... export; check permit.is_lost() before publishing ...
+//! permit.release()?; // the next waiter gets the slot at once
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Errors
+//!
+//! [`LockError`] tells apart: `Held` (enough servers answered and the lock, or every permit, is
+//! taken; also a wait that ran out), `Unreachable` (too few answered), `Expired` (granted too
+//! late to be valid, or an extend confirmed too late), `Disconnected` (a bound guard's
+//! connections closed), `InvalidRequest` (refused before anything was sent), and the server's
+//! refusals, each with every server's answer: `Deadlock` (any `-DEADLOCK` reply: an owner that
+//! reads the lock asked to write it, or a wait that would close a cycle of waiting owners on
+//! that server; only requests with an explicit [`Acquire::owner`] can meet one, since a random
+//! owner holds nothing when it asks), `WrongKind` (`-WRONGKIND`), `CapacityMismatch` (the
+//! semaphore has another capacity) and `Refused` (any other error reply, such as `-WRONGTYPE`
+//! or `-MAXWAITERS`). A refusal is never retried: the request itself is at fault.
 //!
 //! # Validity and loss
 //!
@@ -138,15 +198,21 @@ pub use bound::BOUND_CLIENT_NAME;
 pub use guard::{LockGuard, LostLock, Watchdog};
 pub use instance::{Instance, Outcome};
 
-/// Exclusive (write) or shared (read).
+/// What a guard holds: an exclusive (write) lock, a shared (read) lock, or one permit of a
+/// counting semaphore of `capacity` permits ([`Acquire::permit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Write,
     Read,
+    /// One permit of a semaphore (`LOCK.SEMACQUIRE`) of this capacity.
+    Permit {
+        capacity: u32,
+    },
 }
 
-/// What to acquire: mode, lease, how long to wait, and the options: a watchdog, a hold bound to
-/// a connection ([`Acquire::bind`]), a lock-delay ([`Acquire::lock_delay`]).
+/// What to acquire: mode (write, read, or a semaphore permit), lease, how long to wait, and the
+/// options: a watchdog, a hold bound to a connection ([`Acquire::bind`]), a lock-delay
+/// ([`Acquire::lock_delay`]), an owner of the caller's choice ([`Acquire::owner`]).
 #[derive(Clone)]
 pub struct Acquire {
     pub(crate) mode: Mode,
@@ -155,10 +221,16 @@ pub struct Acquire {
     pub(crate) watchdog: Option<Watchdog>,
     pub(crate) bind: bool,
     pub(crate) lock_delay: Option<Duration>,
+    /// `None`: a fresh random owner per guard (the default).
+    pub(crate) owner: Option<String>,
 }
 
 /// The largest lock-delay the module accepts: 2^47 ms.
 const MAX_LOCK_DELAY_MS: u128 = 1 << 47;
+/// The largest semaphore capacity the module accepts: 2^31 - 1.
+pub const MAX_CAPACITY: u32 = (1 << 31) - 1;
+/// The longest owner the module accepts, in bytes.
+const MAX_OWNER_LEN: usize = 1024;
 
 impl Acquire {
     /// An exclusive lock held for `ttl` unless extended.
@@ -170,6 +242,7 @@ impl Acquire {
             watchdog: None,
             bind: false,
             lock_delay: None,
+            owner: None,
         }
     }
 
@@ -179,6 +252,56 @@ impl Acquire {
             mode: Mode::Read,
             ..Self::write(ttl)
         }
+    }
+
+    /// One permit of the counting semaphore in the key, of `capacity` permits
+    /// (`LOCK.SEMACQUIRE`), held for `ttl` unless extended. At most `capacity` permits of the
+    /// key are held at a time; they are granted in FIFO order (with [`Acquire::wait`]).
+    ///
+    /// Each guard is **one permit of an owner of its own** (a fresh random token, unless
+    /// [`Acquire::owner`] names one): `release()` and drop give that one permit back, `extend()`
+    /// and the watchdog extend it, and its fencing token is the one the grant replied. A key
+    /// keeps the capacity it was created with while it exists: asking it with another capacity
+    /// fails with [`LockError::CapacityMismatch`], and asking a permit of a lock key (or a lock
+    /// of a semaphore key) with [`LockError::WrongKind`].
+    ///
+    /// For one server only ([`LockClient`]): [`Redlock`] refuses permits (see
+    /// [semaphores](crate#semaphores)). A capacity of 0 or over [`MAX_CAPACITY`], or a
+    /// lock-delay, fails with [`LockError::InvalidRequest`] before anything is sent.
+    pub fn permit(capacity: u32, ttl: Duration) -> Self {
+        Acquire {
+            mode: Mode::Permit { capacity },
+            ..Self::write(ttl)
+        }
+    }
+
+    /// Acquires under `owner` instead of a fresh random owner: for several guards of one
+    /// logical owner (a job, a transaction), on one server ([`LockClient`]).
+    ///
+    /// - **Re-entry.** A write lock the owner holds is re-entered (the same fencing token), a
+    ///   read lock too, and a semaphore grants the owner one more permit; the holds of one owner
+    ///   share one expiry on the server, so any of its guards' extends renews all of them.
+    ///   **Give every guard of one owner and key the same ttl**: each grant and extend sets
+    ///   that shared expiry to now + its own ttl, so a shorter ttl would cut the other guards'
+    ///   leases short without their knowing (their validity is computed from their own ttl).
+    /// - **Release.** Such a guard's release (and drop) drops *one* hold of the owner
+    ///   (`LOCK.RELEASE key owner`, without `ALL`), so the owner's other guards of the key keep
+    ///   theirs.
+    /// - **Deadlocks.** The server knows which keys an owner holds and refuses, with
+    ///   [`LockError::Deadlock`], a request that would deadlock: a write request of an owner that
+    ///   holds the key shared (an upgrade), and a waiting request that would close a cycle of
+    ///   owners waiting for one another across keys. A random owner per guard holds nothing
+    ///   when it asks, so it can never be part of a deadlock: this option is what makes them
+    ///   possible, and detected.
+    ///
+    /// `owner` must be 1 to 1024 bytes. It cannot be combined with [`Acquire::bind`] (a
+    /// re-entry keeps the binding of the first hold, so this guard's connection would not be
+    /// the one its hold ends with), and [`Redlock`] refuses it (a failed attempt's cleanup could
+    /// not tell its own holds from the owner's others); both fail with
+    /// [`LockError::InvalidRequest`] before anything is sent.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
     }
 
     /// Wait up to `wait` for the lock instead of failing at once.
@@ -208,8 +331,8 @@ impl Acquire {
     /// release* (its ttl passes, its bound connection closes), the server grants the lock to
     /// nobody until `delay` later, so a holder that was paused and wakes up late cannot overlap
     /// with the next one. Rounded up to whole milliseconds; zero means none. Asking it of a read
-    /// lock, or more than 2^47 ms, fails with [`LockError::InvalidRequest`] before anything is
-    /// sent.
+    /// lock or a semaphore permit, or more than 2^47 ms, fails with [`LockError::InvalidRequest`]
+    /// before anything is sent.
     pub fn lock_delay(mut self, delay: Duration) -> Self {
         self.lock_delay = Some(delay);
         self
@@ -217,11 +340,42 @@ impl Acquire {
 
     /// Refuses, before anything is sent, what the server would refuse.
     fn check(&self) -> Result<(), LockError> {
+        let invalid = |reason: String| Err(LockError::InvalidRequest { reason });
+        if let Mode::Permit { capacity } = self.mode {
+            if !(1..=MAX_CAPACITY).contains(&capacity) {
+                return invalid(format!(
+                    "semaphore capacity {capacity} is not between 1 and {MAX_CAPACITY}"
+                ));
+            }
+        }
+        if let Some(owner) = &self.owner {
+            if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
+                return invalid(format!(
+                    "an owner is 1 to {MAX_OWNER_LEN} bytes, not {}",
+                    owner.len()
+                ));
+            }
+            if self.bind {
+                return invalid(
+                    "an explicit owner cannot be combined with bind(): a re-entry keeps the \
+                     binding of the owner's first hold, not this guard's connection"
+                        .into(),
+                );
+            }
+        }
         if let Some(delay) = self.lock_delay {
-            if self.mode == Mode::Read {
-                return Err(LockError::InvalidRequest {
-                    reason: "lock_delay applies to write locks only, not to read locks".into(),
-                });
+            match self.mode {
+                Mode::Write => {}
+                Mode::Read => {
+                    return invalid(
+                        "lock_delay applies to write locks only, not to read locks".into(),
+                    )
+                }
+                Mode::Permit { .. } => {
+                    return invalid(
+                        "lock_delay applies to write locks only, not to semaphore permits".into(),
+                    )
+                }
             }
             if delay.as_nanos().div_ceil(1_000_000) > MAX_LOCK_DELAY_MS {
                 return Err(LockError::InvalidRequest {
@@ -232,13 +386,25 @@ impl Acquire {
         Ok(())
     }
 
-    /// LOCK.ACQUIRE / LOCK.RWREAD with its options; `wait` is the server-side WAIT.
+    /// The owner's release takes all of its holds (`ALL`) only when the owner is this guard's
+    /// alone (random): an explicit owner may hold the key through other guards too.
+    pub(crate) fn release_all(&self) -> bool {
+        self.owner.is_none()
+    }
+
+    /// LOCK.ACQUIRE / LOCK.RWREAD / LOCK.SEMACQUIRE with its options; `wait` is the
+    /// server-side WAIT.
     fn command(&self, key: &str, owner: &str, wait: Option<Duration>) -> Cmd {
-        let mut cmd = redis::cmd(match self.mode {
-            Mode::Write => "LOCK.ACQUIRE",
-            Mode::Read => "LOCK.RWREAD",
-        });
-        cmd.arg(key).arg(owner).arg(millis(self.ttl));
+        let mut cmd = match self.mode {
+            Mode::Write => redis::cmd("LOCK.ACQUIRE"),
+            Mode::Read => redis::cmd("LOCK.RWREAD"),
+            Mode::Permit { .. } => redis::cmd("LOCK.SEMACQUIRE"),
+        };
+        cmd.arg(key).arg(owner);
+        if let Mode::Permit { capacity } = self.mode {
+            cmd.arg(capacity);
+        }
+        cmd.arg(millis(self.ttl));
         if let Some(w) = wait {
             cmd.arg("WAIT").arg(millis(w));
         }
@@ -253,15 +419,37 @@ impl Acquire {
     }
 }
 
-/// Why a lock was not acquired. Every variant lists what each instance answered.
+/// Why a lock (or permit) was not acquired, or a guard's extend or release failed. Every
+/// variant but `InvalidRequest` lists what each instance answered.
+///
+/// When enough instances answered but some refused the request with an error, the variant is
+/// the most specific refusal any of them gave: `Deadlock`, then `WrongKind`, then
+/// `CapacityMismatch`, then `Refused` for any other error (`WRONGTYPE`, `MAXWAITERS`, ...).
+/// None of these is retried by [`Redlock`]: the request itself is at fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockError {
-    /// Enough instances answered, but the lock is held by someone else (on too many of them).
+    /// Enough instances answered, but the lock is held by someone else (on too many of them):
+    /// for a semaphore, every permit is taken (or others queue first). Also the answer to a
+    /// wait that ran out.
     Held { causes: Vec<(String, Outcome)> },
     /// Too few instances answered to reach a quorum.
     Unreachable { causes: Vec<(String, Outcome)> },
-    /// An instance refused the request (for example `DEADLOCK`: a reader asking to write).
+    /// An instance refused the request with an error not named by a variant of its own (for
+    /// example `WRONGTYPE`: the key holds another Redis type; `MAXWAITERS`: the wait queue is
+    /// full).
     Refused { causes: Vec<(String, Outcome)> },
+    /// The server refused the request because it would deadlock (`-DEADLOCK`): its owner holds
+    /// the lock shared and asked for it exclusively (an upgrade: release the read hold first),
+    /// or, with a wait, queueing would close a cycle of owners waiting for one another across
+    /// keys of that server. Nothing changed; the request did not queue. Only requests with an
+    /// explicit owner ([`Acquire::owner`]) can get it: a random owner holds nothing when it asks.
+    Deadlock { causes: Vec<(String, Outcome)> },
+    /// The key is the other kind (`-WRONGKIND`): a semaphore permit was asked of a lock key, or
+    /// a lock of a semaphore key. Nothing changed.
+    WrongKind { causes: Vec<(String, Outcome)> },
+    /// The semaphore key exists with another capacity than the one asked for (a key keeps its
+    /// capacity while it has holders or waiters; `LOCK.INFO` shows it). Nothing changed.
+    CapacityMismatch { causes: Vec<(String, Outcome)> },
     /// The lock's validity ran out while acquiring it (the instances were too slow), or before
     /// an extend of it was confirmed.
     Expired { causes: Vec<(String, Outcome)> },
@@ -280,19 +468,42 @@ impl LockError {
             LockError::Held { causes }
             | LockError::Unreachable { causes }
             | LockError::Refused { causes }
+            | LockError::Deadlock { causes }
+            | LockError::WrongKind { causes }
+            | LockError::CapacityMismatch { causes }
             | LockError::Expired { causes }
             | LockError::Disconnected { causes } => causes,
             LockError::InvalidRequest { .. } => &[],
         }
+    }
+
+    /// The request itself was refused (by a server, or before anything was sent): trying it
+    /// again unchanged gets the same answer.
+    fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            LockError::Refused { .. }
+                | LockError::Deadlock { .. }
+                | LockError::WrongKind { .. }
+                | LockError::CapacityMismatch { .. }
+                | LockError::InvalidRequest { .. }
+        )
     }
 }
 
 impl std::fmt::Display for LockError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let what = match self {
-            LockError::Held { .. } => "lock held by someone else",
+            LockError::Held { .. } => "lock (or every permit) held by someone else",
             LockError::Unreachable { .. } => "too few lock instances reachable",
             LockError::Refused { .. } => "lock request refused",
+            LockError::Deadlock { .. } => "lock request refused: it would deadlock",
+            LockError::WrongKind { .. } => {
+                "lock request refused: the key is a lock and a permit was asked, or the reverse"
+            }
+            LockError::CapacityMismatch { .. } => {
+                "permit request refused: the semaphore has another capacity"
+            }
             LockError::Expired { .. } => "lock validity ran out",
             LockError::Disconnected { .. } => "bound lock's connections closed",
             LockError::InvalidRequest { reason } => {
@@ -323,8 +534,8 @@ impl Servers {
         instance::scatter_gather(&self.instances, &cmds, wait)
     }
 
-    /// LOCK.ACQUIRE / LOCK.RWREAD everywhere over pooled connections, with server-side WAIT
-    /// when `wait` is set.
+    /// LOCK.ACQUIRE / LOCK.RWREAD / LOCK.SEMACQUIRE everywhere over pooled connections, with
+    /// server-side WAIT when `wait` is set.
     pub(crate) fn acquire(
         &self,
         key: &str,
@@ -409,9 +620,15 @@ impl Servers {
             .collect()
     }
 
-    /// LOCK.RELEASE ... ALL everywhere (NOTOWNER counts as done: the hold is gone either way).
-    pub(crate) fn release(&self, key: &str, owner: &str) -> Vec<Outcome> {
-        self.run(&release_cmd(key, owner), None)
+    /// LOCK.RELEASE ... ALL everywhere (NOTOWNER counts as done: the hold is gone either way);
+    /// without `all`, one hold.
+    pub(crate) fn release(&self, key: &str, owner: &str, all: bool) -> Vec<Outcome> {
+        let cmd = if all {
+            release_cmd(key, owner)
+        } else {
+            release_one_cmd(key, owner)
+        };
+        self.run(&cmd, None)
             .into_iter()
             .map(release_outcome)
             .collect()
@@ -452,6 +669,13 @@ pub(crate) fn extend_outcome(r: Result<Value, Outcome>) -> Outcome {
 pub(crate) fn release_cmd(key: &str, owner: &str) -> Cmd {
     let mut cmd = redis::cmd("LOCK.RELEASE");
     cmd.arg(key).arg(owner).arg("ALL");
+    cmd
+}
+
+/// LOCK.RELEASE without ALL: one hold of an owner that may hold the key through other guards.
+pub(crate) fn release_one_cmd(key: &str, owner: &str) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.RELEASE");
+    cmd.arg(key).arg(owner);
     cmd
 }
 
@@ -501,10 +725,11 @@ impl LockClient {
         })
     }
 
-    /// Acquires a lock as `request` says. Waiting is done by the server (FIFO queue).
+    /// Acquires a lock, or a semaphore permit, as `request` says. Waiting is done by the server
+    /// (FIFO queue).
     pub fn acquire(&self, key: &str, request: Acquire) -> Result<LockGuard, LockError> {
         request.check()?;
-        let owner = random_owner();
+        let owner = request.owner.clone().unwrap_or_else(random_owner);
         let started = Instant::now();
         let mut links = request.bind.then(|| no_links(1));
         let outcomes = match links.as_mut() {
@@ -564,6 +789,28 @@ impl LockClient {
     pub fn read(&self, key: &str, ttl: Duration, wait: Duration) -> Result<LockGuard, LockError> {
         self.acquire(key, Acquire::read(ttl).wait(wait))
     }
+
+    /// One permit of the semaphore `key` of `capacity` permits now, or `LockError::Held` when
+    /// all are taken ([`Acquire::permit`]).
+    pub fn try_permit(
+        &self,
+        key: &str,
+        capacity: u32,
+        ttl: Duration,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire(key, Acquire::permit(capacity, ttl))
+    }
+
+    /// One permit of the semaphore `key` of `capacity` permits, waiting up to `wait` (FIFO).
+    pub fn permit(
+        &self,
+        key: &str,
+        capacity: u32,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire(key, Acquire::permit(capacity, ttl).wait(wait))
+    }
 }
 
 /// With one server there is no cross-server drift, but the client's and the server's clocks
@@ -572,22 +819,66 @@ const SINGLE_SERVER_MARGIN: Duration = Duration::from_millis(2);
 /// Allowance for the transit of a waited grant's reply (see `LockClient::acquire`).
 const WAITED_GRANT_MARGIN: Duration = Duration::from_millis(5);
 
+/// What an error reply of a server means to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Refusal {
+    // In order of precedence, most specific first.
+    Deadlock,
+    WrongKind,
+    CapacityMismatch,
+    Other,
+}
+
+/// Reads the kind of an error reply from its text: `CODE detail` (or `-CODE detail`, or the
+/// `CODE: detail` that the `redis` crate prints), as [`Outcome::Refused`] carries it.
+fn refusal(text: &str) -> Refusal {
+    let text = text.trim_start().trim_start_matches('-');
+    let code = text.split([' ', ':']).next().unwrap_or_default();
+    match code {
+        "DEADLOCK" => Refusal::Deadlock,
+        "WRONGKIND" => Refusal::WrongKind,
+        "ERR" if text.contains("the semaphore has another capacity") => Refusal::CapacityMismatch,
+        _ => Refusal::Other,
+    }
+}
+
 /// Names the failure from what the instances answered, given the quorum needed.
 fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
     let reachable = causes
         .iter()
         .filter(|(_, o)| !matches!(o, Outcome::Unreachable(_)))
         .count();
-    let refused = causes.iter().any(|(_, o)| matches!(o, Outcome::Refused(_)));
+    let refused = causes
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Outcome::Refused(text) => Some(refusal(text)),
+            _ => None,
+        })
+        .min();
     let causes = causes.to_vec();
     if reachable < quorum {
-        LockError::Unreachable { causes }
-    } else if refused {
-        LockError::Refused { causes }
-    } else {
-        LockError::Held { causes }
+        return LockError::Unreachable { causes };
+    }
+    match refused {
+        Some(Refusal::Deadlock) => LockError::Deadlock { causes },
+        Some(Refusal::WrongKind) => LockError::WrongKind { causes },
+        Some(Refusal::CapacityMismatch) => LockError::CapacityMismatch { causes },
+        Some(Refusal::Other) => LockError::Refused { causes },
+        None => LockError::Held { causes },
     }
 }
+
+/// Why [`Redlock`] refuses semaphore permits (see the [crate documentation](crate#semaphores)).
+const REDLOCK_NO_PERMITS: &str = "Redlock does not take semaphore permits: the servers' \
+    semaphores are independent, so grants from a majority do not bound the holders to the \
+    capacity (capacity 2 on 3 servers: three owners can each hold a permit on a different pair \
+    of servers); take permits from one server with LockClient (for capacity 1, a Redlock write \
+    lock is the same thing)";
+
+/// Why [`Redlock`] refuses an explicit owner.
+const REDLOCK_NO_OWNER: &str = "Redlock does not take an explicit owner: a failed attempt is \
+    released on every server, which could not tell this attempt's holds from the owner's other \
+    ones; use LockClient (one server) for owners of your own";
 
 /// Redlock: one lock over N independent servers (N/2+1 must grant it).
 ///
@@ -634,8 +925,25 @@ impl Redlock {
 
     /// Acquires the lock on a majority. Without `wait`, one attempt; with it, attempts repeat
     /// (after a random delay) until the wait is over. A failed attempt is released everywhere.
+    /// A refusal (`Refused`, `Deadlock`, `WrongKind`, `CapacityMismatch`) ends the attempts at
+    /// once.
+    ///
+    /// Semaphore permits ([`Acquire::permit`]) and explicit owners ([`Acquire::owner`]) are
+    /// refused with [`LockError::InvalidRequest`] before anything is sent: a majority of
+    /// independent semaphores does not bound the holders to the capacity (see
+    /// [semaphores](crate#semaphores)).
     pub fn acquire(&self, key: &str, request: Acquire) -> Result<LockGuard, LockError> {
         request.check()?;
+        if matches!(request.mode, Mode::Permit { .. }) {
+            return Err(LockError::InvalidRequest {
+                reason: REDLOCK_NO_PERMITS.into(),
+            });
+        }
+        if request.owner.is_some() {
+            return Err(LockError::InvalidRequest {
+                reason: REDLOCK_NO_OWNER.into(),
+            });
+        }
         let same_owner = random_owner();
         let give_up = Instant::now() + request.wait.unwrap_or_default();
         let quorum = self.servers.quorum;
@@ -705,7 +1013,7 @@ impl Redlock {
                             .iter()
                             .any(|o| matches!(o, Outcome::Unreachable(_)))
                     {
-                        self.servers.release(key, &owner);
+                        self.servers.release(key, &owner, true);
                     }
                 }
             }
@@ -716,12 +1024,140 @@ impl Redlock {
                 classify(&causes, quorum)
             };
             let now = Instant::now();
-            if now >= give_up || matches!(error, LockError::Refused { .. }) {
+            if now >= give_up || error.is_refusal() {
                 return Err(error);
             }
             let (min, max) = self.retry_delay;
             let delay = rand::thread_rng().gen_range(min..max);
             std::thread::sleep(delay.min(give_up - now));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(text: &str) -> LockError {
+        classify(&[("s1".into(), Outcome::Refused(text.into()))], 1)
+    }
+
+    #[test]
+    fn error_replies_map_to_their_variants() {
+        // As the pooled path (`CODE detail`), the bound path (the line after `-`) and the
+        // `redis` crate's Display (`CODE: detail`) carry them.
+        for text in [
+            "DEADLOCK the owner holds this lock shared and asked for it exclusively",
+            "-DEADLOCK waiting would close a cycle",
+            "DEADLOCK: a cycle",
+        ] {
+            assert!(matches!(one(text), LockError::Deadlock { .. }), "{text}");
+        }
+        for text in [
+            "WRONGKIND the key holds a lock, not a semaphore",
+            "WRONGKIND: the key holds a semaphore, not a lock",
+        ] {
+            assert!(matches!(one(text), LockError::WrongKind { .. }), "{text}");
+        }
+        assert!(matches!(
+            one("ERR the semaphore has another capacity (LOCK.INFO shows it)"),
+            LockError::CapacityMismatch { .. }
+        ));
+        for text in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "MAXWAITERS the lock's wait queue is full",
+            "ERR capacity must be between 1 and 2147483647",
+            "NOTOWNER the owner does not hold this lock",
+            "DEADLOCKED not our code",
+        ] {
+            assert!(matches!(one(text), LockError::Refused { .. }), "{text}");
+        }
+        let e = one("DEADLOCK x");
+        assert_eq!(e.causes().len(), 1);
+        assert!(e.to_string().contains("deadlock"), "{e}");
+        assert!(e.to_string().contains("DEADLOCK x"), "{e}");
+    }
+
+    #[test]
+    fn the_most_specific_refusal_wins_and_too_few_answers_are_unreachable() {
+        let causes = vec![
+            ("a".to_string(), Outcome::Refused("WRONGTYPE x".into())),
+            ("b".to_string(), Outcome::Refused("DEADLOCK y".into())),
+            ("c".to_string(), Outcome::Held),
+        ];
+        assert!(matches!(
+            classify(&causes, 2),
+            LockError::Deadlock { causes } if causes.len() == 3
+        ));
+        let causes = vec![
+            ("a".to_string(), Outcome::Refused("DEADLOCK y".into())),
+            ("b".to_string(), Outcome::Unreachable("down".into())),
+            ("c".to_string(), Outcome::Unreachable("down".into())),
+        ];
+        assert!(matches!(
+            classify(&causes, 2),
+            LockError::Unreachable { .. }
+        ));
+        assert!(matches!(
+            classify(&[("a".into(), Outcome::Held)], 1),
+            LockError::Held { .. }
+        ));
+    }
+
+    #[test]
+    fn permit_requests_are_checked_and_spelled_as_the_module_wants() {
+        let ttl = Duration::from_millis(1500);
+        let cmd = Acquire::permit(3, ttl)
+            .wait(Duration::from_secs(2))
+            .bind()
+            .command("k", "o", Some(Duration::from_secs(2)));
+        let words: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                redis::Arg::Cursor => Vec::new(),
+            })
+            .collect();
+        let expected: Vec<&[u8]> = vec![
+            b"LOCK.SEMACQUIRE",
+            b"k",
+            b"o",
+            b"3",
+            b"1500",
+            b"WAIT",
+            b"2000",
+            b"BIND",
+        ];
+        assert_eq!(words, expected);
+        for bad in [0, MAX_CAPACITY + 1, u32::MAX] {
+            assert!(matches!(
+                Acquire::permit(bad, ttl).check(),
+                Err(LockError::InvalidRequest { .. })
+            ));
+        }
+        assert!(Acquire::permit(1, ttl).check().is_ok());
+        assert!(Acquire::permit(MAX_CAPACITY, ttl).check().is_ok());
+        let e = Acquire::permit(2, ttl)
+            .lock_delay(Duration::from_secs(1))
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("semaphore permits"), "{e}");
+        assert!(Acquire::permit(2, ttl).release_all());
+        assert!(!Acquire::permit(2, ttl).owner("o").release_all());
+    }
+
+    #[test]
+    fn explicit_owners_are_checked() {
+        let ttl = Duration::from_secs(1);
+        assert!(Acquire::write(ttl).owner("o").check().is_ok());
+        assert!(Acquire::write(ttl).owner("o".repeat(1024)).check().is_ok());
+        for bad in [String::new(), "o".repeat(1025)] {
+            assert!(matches!(
+                Acquire::write(ttl).owner(bad).check(),
+                Err(LockError::InvalidRequest { .. })
+            ));
+        }
+        let e = Acquire::read(ttl).owner("o").bind().check().unwrap_err();
+        assert!(e.to_string().contains("bind"), "{e}");
     }
 }
