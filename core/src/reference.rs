@@ -6,6 +6,11 @@
 //!
 //! Version 2 options are in: an acquire may be bound to one of a few connections (`BIND`) and
 //! carry a lock-delay (`LOCKDELAY`), and a connection may close ([`Op::Disconnect`]).
+//!
+//! Semaphores are in ([`Op::Permit`]): the same key may hold a lock, then (once it is gone) a
+//! semaphore, then a lock again, and a request of the wrong kind or capacity is refused. The
+//! model keeps the key's kind as a field of its own, set by the request that creates the key
+//! and forgotten when the key goes away, rather than deriving it from the holders.
 
 use std::collections::{HashMap, HashSet};
 
@@ -77,12 +82,57 @@ pub enum Op {
     Disconnect {
         conn: u64,
     },
+    /// LOCK.SEMACQUIRE: one permit of a semaphore of `capacity` (the key's, or on purpose
+    /// another).
+    Permit {
+        owner: u8,
+        capacity: u32,
+        ttl: Millis,
+        wait: bool,
+        bind: Option<u64>,
+        /// A LOCKDELAY handed to the core with the request (parsing refuses it on
+        /// LOCK.SEMACQUIRE): a permit must never get it.
+        lock_delay: Millis,
+    },
+}
+
+/// What one run exercised (see [`run_with_stats`]), summed over runs by the coverage test.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub ops: u64,
+    pub permit_requests: u64,
+    /// Permits granted at once to an owner that held none.
+    pub permits_direct: u64,
+    /// Permits granted at once to an owner that held some (nobody queued, one free).
+    pub extra_permits_direct: u64,
+    /// Permits granted to queued waiters (count 1 or more).
+    pub permits_from_queue: u64,
+    /// Of those, to an owner that already held permits.
+    pub extra_permits_from_queue: u64,
+    /// Permits granted to waiters by a release of one permit (the owner keeps others).
+    pub served_by_partial_release: u64,
+    pub permits_queued: u64,
+    pub permits_busy: u64,
+    /// Permit requests on a lock key (WrongKind).
+    pub permits_on_locks: u64,
+    /// Lock requests on a semaphore key (WrongKind).
+    pub locks_on_semaphores: u64,
+    pub capacity_mismatch: u64,
+    /// A key that became a semaphore after being a lock, or a lock after being a semaphore.
+    pub kind_switches: u64,
+    /// Steps that ended with every permit of the semaphore held.
+    pub full: u64,
+    /// Permit holders that expired or were disconnected.
+    pub permit_holds_ended: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 struct MHolder {
     owner: u8,
     mode: Mode,
+    /// The semaphore's capacity for a permit, 0 for a lock.
+    capacity: u32,
+    /// Reentrancy count, or permits held.
     count: u64,
     expires_at: Millis,
     token: u64,
@@ -96,6 +146,8 @@ struct MWaiter {
     id: u64,
     owner: u8,
     mode: Mode,
+    /// The capacity a permit request named, 0 for a lock request.
+    capacity: u32,
     ttl: Millis,
     bound_to: Option<u64>,
     lock_delay: Millis,
@@ -127,8 +179,10 @@ enum MEvent {
 }
 
 /// The reference: the rules of SPEC.md written as plainly as possible.
-#[derive(Default)]
 struct Model {
+    /// What the key is: set by the request that creates it, kept while it exists (holders,
+    /// waiters or a lock-delay), forgotten when it goes away ([`Model::forget_if_gone`]).
+    kind: Kind,
     holders: Vec<MHolder>,
     queue: Vec<MWaiter>,
     last_token: u64,
@@ -137,6 +191,19 @@ struct Model {
     delay_until: Millis,
     /// Everything reported since the driver last looked, in order.
     events: Vec<MEvent>,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            kind: Kind::Fresh,
+            holders: Vec::new(),
+            queue: Vec::new(),
+            last_token: 0,
+            delay_until: 0,
+            events: Vec::new(),
+        }
+    }
 }
 
 impl Model {
@@ -153,6 +220,11 @@ impl Model {
         self.holders.push(MHolder {
             owner: w.owner,
             mode: w.mode,
+            capacity: if w.mode == Mode::Permit {
+                w.capacity
+            } else {
+                0
+            },
             count: 1,
             expires_at: now + w.ttl,
             token: self.last_token,
@@ -165,6 +237,34 @@ impl Model {
             },
         });
         self.last_token
+    }
+
+    /// Permits held: the sum of the holders' counts.
+    fn permits_held(&self) -> u64 {
+        self.holders.iter().map(|h| h.count).sum()
+    }
+
+    /// The key went away (no holder, nobody queued, no delay): the next request decides what
+    /// it is.
+    fn forget_if_gone(&mut self) {
+        if self.holders.is_empty() && self.queue.is_empty() && self.delay_until == 0 {
+            self.kind = Kind::Fresh;
+        }
+    }
+
+    /// Grants `w` now: one more count (permit) for an owner that holds, with its expiry reset
+    /// and its token kept; else a new hold. Returns the token and the count.
+    fn grant(&mut self, w: &MWaiter, now: Millis) -> (u64, u64) {
+        match self.holding(w.owner) {
+            // A re-entry or an extra permit: the hold keeps the options it was created with.
+            Some(i) => {
+                let h = &mut self.holders[i];
+                h.count += 1;
+                h.expires_at = now + w.ttl;
+                (h.token, h.count)
+            }
+            None => (self.new_hold(w, now), 1),
+        }
     }
 
     fn head_grantable(&self) -> bool {
@@ -185,24 +285,15 @@ impl Model {
                     || self.all_read()
                     || own.is_some_and(|h| h.mode == Mode::Write)
             }
-            // The model does not generate semaphore requests yet.
-            Mode::Permit => false,
+            // A free permit; the head's own permits count like anyone's.
+            Mode::Permit => self.permits_held() < u64::from(w.capacity),
         }
     }
 
     fn serve(&mut self, now: Millis) {
         while self.head_grantable() {
             let w = self.queue.remove(0);
-            let (token, count) = match self.holding(w.owner) {
-                // A re-entry: the hold keeps the options it was created with.
-                Some(i) => {
-                    let h = &mut self.holders[i];
-                    h.count += 1;
-                    h.expires_at = now + w.ttl;
-                    (h.token, h.count)
-                }
-                None => (self.new_hold(&w, now), 1),
-            };
+            let (token, count) = self.grant(&w, now);
             self.events.push(MEvent::Granted {
                 id: w.id,
                 owner: w.owner,
@@ -247,10 +338,15 @@ impl Model {
             self.events.push(MEvent::DelayEnded);
         }
         self.serve(now);
+        self.forget_if_gone();
     }
 
     fn acquire(&mut self, w: MWaiter, wait: bool, now: Millis) -> Acquired {
         self.expire(now);
+        match self.kind {
+            Kind::Semaphore(_) => return Acquired::WrongKind,
+            Kind::Fresh | Kind::Lock => self.kind = Kind::Lock,
+        }
         if let Some(i) = self.holding(w.owner) {
             // A re-entry: options are ignored.
             let h = &mut self.holders[i];
@@ -274,11 +370,37 @@ impl Model {
             self.queue.push(w);
             Acquired::Queued
         } else {
+            // Never on a fresh key, but the key must not stay made.
+            self.forget_if_gone();
             Acquired::Busy
         }
     }
 
-    /// A release never leaves a lock-delay.
+    /// One permit: granted when one is free and nobody is queued (an owner that holds some
+    /// waits its turn like anyone), else queued or busy.
+    fn permit(&mut self, w: MWaiter, wait: bool, now: Millis) -> Acquired {
+        self.expire(now);
+        match self.kind {
+            Kind::Lock => return Acquired::WrongKind,
+            Kind::Semaphore(c) if c != w.capacity => return Acquired::CapacityMismatch,
+            Kind::Semaphore(_) | Kind::Fresh => self.kind = Kind::Semaphore(w.capacity),
+        }
+        if self.queue.is_empty() && self.permits_held() < u64::from(w.capacity) {
+            let (token, count) = self.grant(&w, now);
+            return Acquired::Granted { token, count };
+        }
+        if wait {
+            self.queue.push(w);
+            Acquired::Queued
+        } else {
+            // Never on a fresh key (a permit is free there), but the key must not stay made.
+            self.forget_if_gone();
+            Acquired::Busy
+        }
+    }
+
+    /// A release never leaves a lock-delay. Whatever it frees (a lock, or one permit of
+    /// several) goes to the queue at once.
     fn release(&mut self, owner: u8, all: bool, now: Millis) -> Result<u64, NotOwner> {
         self.expire(now);
         let i = self.holding(owner).ok_or(NotOwner)?;
@@ -287,8 +409,9 @@ impl Model {
         let left = h.count;
         if left == 0 {
             self.holders.remove(i);
-            self.serve(now);
         }
+        self.serve(now);
+        self.forget_if_gone();
         Ok(left)
     }
 
@@ -303,6 +426,7 @@ impl Model {
         self.queue.retain(|w| w.id != id);
         self.expire(now);
         self.serve(now);
+        self.forget_if_gone();
     }
 
     /// Connection `conn` closed: every hold bound to it ends as by RELEASE ALL, except that an
@@ -327,6 +451,7 @@ impl Model {
             }
         }
         self.serve(now);
+        self.forget_if_gone();
         ending.len()
     }
 
@@ -386,13 +511,79 @@ pub fn check_invariants(lock: &Lock, now: Millis) -> Result<(), String> {
     for (owner, h) in &holders {
         ensure!(h.count >= 1, "{owner:?} count 0");
         ensure!(h.expires_at > now, "{owner:?} outlived its expiry");
-        if h.mode == Mode::Read {
+        if h.mode != Mode::Write {
             ensure_eq!(
                 h.options.get().lock_delay,
                 0,
-                "{owner:?} reads with a delay"
+                "{owner:?} holds {:?} with a delay",
+                h.mode
             );
         }
+    }
+
+    // Semaphores: permits only beside permits of the same capacity, never more than it.
+    let sum: u64 = holders.iter().map(|(_, h)| h.count).sum();
+    ensure_eq!(
+        lock.holders().total_count(),
+        sum,
+        "total_count is not the sum of the counts: {holders:?}"
+    );
+    let permits = holders
+        .iter()
+        .filter(|(_, h)| h.mode == Mode::Permit)
+        .count();
+    if permits > 0 {
+        ensure_eq!(
+            permits,
+            holders.len(),
+            "permits beside lock holders: {:?}",
+            holders
+        );
+    }
+    for (owner, h) in &holders {
+        if h.mode == Mode::Permit {
+            let capacity = holders[0].1.capacity;
+            ensure!(
+                h.capacity == capacity && capacity >= 1,
+                "{owner:?} holds a permit of capacity {} beside capacity {capacity}",
+                h.capacity
+            );
+            ensure!(
+                sum <= u64::from(capacity),
+                "{sum} permits held of {capacity}: {holders:?}"
+            );
+        } else {
+            ensure_eq!(h.capacity, 0, "{owner:?} holds a lock with a capacity");
+        }
+    }
+
+    // The key's kind: what its holders are, else its waiters, else a lock while a delay is
+    // pending; every waiter agrees with it.
+    let kind = lock.kind();
+    match holders.first() {
+        Some((_, h)) if h.mode == Mode::Permit => {
+            ensure_eq!(kind, Kind::Semaphore(h.capacity), "kind of a semaphore")
+        }
+        Some(_) => ensure_eq!(kind, Kind::Lock, "kind of a held lock"),
+        None if lock.queue().is_empty() && lock.delay_until() == 0 => {
+            ensure_eq!(kind, Kind::Fresh, "kind of an empty key")
+        }
+        None if lock.queue().is_empty() => ensure_eq!(kind, Kind::Lock, "kind with a delay"),
+        None => {}
+    }
+    for (id, w) in lock.queue().iter() {
+        let fits = match kind {
+            Kind::Semaphore(c) => w.mode == Mode::Permit && w.capacity == c,
+            Kind::Lock => w.mode != Mode::Permit && w.capacity == 0,
+            Kind::Fresh => false,
+        };
+        ensure!(
+            fits,
+            "waiter {} ({:?}, capacity {}) queued on a key of kind {kind:?}",
+            id.0,
+            w.mode,
+            w.capacity
+        );
     }
     let delay = lock.delay_until();
     if delay != 0 {
@@ -445,6 +636,11 @@ fn sort_disconnect_runs(events: &mut [MEvent]) {
 /// Runs `ops` on a [`Lock`] and on the model; `Err` describes the first divergence or broken
 /// invariant.
 pub fn run(ops: &[Op]) -> Result<(), String> {
+    run_with_stats(ops, &mut Stats::default())
+}
+
+/// [`run`], adding what the run exercised to `stats`.
+pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
     let mut lock = Lock::new();
     let mut fences = FenceCounter::default();
     let mut model = Model::default();
@@ -458,6 +654,11 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
     let mut asked: HashMap<u64, HoldOptions> = HashMap::new();
     // The options every hold was created with, by its token: they never change.
     let mut created: HashMap<u64, HoldOptions> = HashMap::new();
+    // Each holder's token as the replies and events tell it: a new hold brings a fresh one, a
+    // re-entry or an extra permit the owner's own; it must match the lock's holders.
+    let mut tokens: HashMap<u8, u64> = HashMap::new();
+    // The last kind the key had (Fresh is skipped), to count the switches.
+    let mut last_kind = Kind::Fresh;
 
     for (n, op) in ops.iter().cloned().enumerate() {
         let delay_before = lock.delay_until();
@@ -467,8 +668,11 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
             fences: &mut fences,
             events: &mut events,
         };
-        // A new hold granted directly, with the options it must have.
+        stats.ops += 1;
+        // A grant in reply: the owner, token, count and the options a new hold must have.
         let mut direct = None;
+        // A release that left the owner holding (one permit of several freed).
+        let mut partial_release = false;
         match op {
             Op::Acquire {
                 owner,
@@ -498,6 +702,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                     id: id.unwrap_or(0),
                     owner,
                     mode,
+                    capacity: 0,
                     ttl,
                     bound_to: bind,
                     lock_delay,
@@ -505,20 +710,86 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 let want = model.acquire(waiter, wait, now);
                 ensure_eq!(got, want, "op {n}: {op:?}");
                 match got {
-                    Acquired::Granted { token, count: 1 } => {
-                        direct = Some((token, hold_options(mode, options)));
+                    Acquired::Granted { token, count } => {
+                        direct = Some((owner, token, count, hold_options(mode, options)));
                     }
                     Acquired::Queued => {
                         if let Some(id) = id {
                             asked.insert(id, hold_options(mode, options));
                         }
                     }
+                    Acquired::WrongKind => stats.locks_on_semaphores += 1,
                     _ => {}
+                }
+            }
+            Op::Permit {
+                owner,
+                capacity,
+                ttl,
+                wait,
+                bind,
+                lock_delay,
+            } => {
+                stats.permit_requests += 1;
+                let id = wait.then(|| {
+                    next_id += 1;
+                    next_id
+                });
+                let options = HoldOptions {
+                    bound_to: bind,
+                    lock_delay,
+                };
+                let req = Request {
+                    owner: &owner_bytes(owner),
+                    mode: Mode::Permit,
+                    ttl,
+                    options,
+                    capacity,
+                };
+                let got = lock.request(req, id.map(WaiterId), &mut step);
+                let waiter = MWaiter {
+                    id: id.unwrap_or(0),
+                    owner,
+                    mode: Mode::Permit,
+                    capacity,
+                    ttl,
+                    bound_to: bind,
+                    lock_delay,
+                };
+                let want = model.permit(waiter, wait, now);
+                ensure_eq!(got, want, "op {n}: {op:?}");
+                match got {
+                    Acquired::Granted { token, count } => {
+                        if count == 1 {
+                            stats.permits_direct += 1;
+                        } else {
+                            stats.extra_permits_direct += 1;
+                        }
+                        direct = Some((owner, token, count, hold_options(Mode::Permit, options)));
+                    }
+                    Acquired::Queued => {
+                        stats.permits_queued += 1;
+                        if let Some(id) = id {
+                            asked.insert(id, hold_options(Mode::Permit, options));
+                        }
+                    }
+                    Acquired::Busy => stats.permits_busy += 1,
+                    Acquired::WrongKind => stats.permits_on_locks += 1,
+                    Acquired::CapacityMismatch => stats.capacity_mismatch += 1,
+                    Acquired::Deadlock | Acquired::CountOverflow => {}
                 }
             }
             Op::Release { owner, all } => {
                 let got = lock.release(&owner_bytes(owner), all, &mut step);
                 ensure_eq!(got, model.release(owner, all, now), "op {n}: {op:?}");
+                match got {
+                    // The owner's hold is gone (it had not expired: it answered).
+                    Ok(0) => {
+                        tokens.remove(&owner);
+                    }
+                    Ok(_) => partial_release = true,
+                    Err(NotOwner) => {}
+                }
             }
             Op::Extend { owner, ttl } => {
                 let got = lock.extend(&owner_bytes(owner), ttl, &mut step);
@@ -569,6 +840,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                     last_granted_id = waiter.0;
                     ensure!(granted_ids.insert(waiter.0), "waiter granted twice");
                     ensure!(!cancelled.contains(&waiter.0), "cancelled waiter granted");
+                    let o = owner[1] - b'0';
                     if *count == 1 {
                         ensure!(*token > max_token, "token did not increase");
                         max_token = *token;
@@ -577,6 +849,25 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                             .copied()
                             .ok_or_else(|| format!("unknown waiter {} granted", waiter.0))?;
                         new_holds.push((*token, options));
+                        ensure!(
+                            tokens.insert(o, *token).is_none(),
+                            "op {n}: o{o} granted a new hold while holding"
+                        );
+                    } else {
+                        ensure_eq!(
+                            tokens.get(&o),
+                            Some(token),
+                            "op {n}: o{o}'s token changed with count {count}"
+                        );
+                    }
+                    if *mode == Mode::Permit {
+                        stats.permits_from_queue += 1;
+                        if *count > 1 {
+                            stats.extra_permits_from_queue += 1;
+                        }
+                        if partial_release {
+                            stats.served_by_partial_release += 1;
+                        }
                     }
                     reported.push(MEvent::Granted {
                         id: waiter.0,
@@ -587,14 +878,26 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                         expires_at: *expires_at,
                     });
                 }
-                Event::Expired { owner, mode } => reported.push(MEvent::Expired {
-                    owner: owner[1] - b'0',
-                    mode: *mode,
-                }),
-                Event::Disconnected { owner, mode } => reported.push(MEvent::Disconnected {
-                    owner: owner[1] - b'0',
-                    mode: *mode,
-                }),
+                Event::Expired { owner, mode } | Event::Disconnected { owner, mode } => {
+                    let o = owner[1] - b'0';
+                    ensure!(
+                        tokens.remove(&o).is_some(),
+                        "op {n}: o{o} ended a hold it did not have"
+                    );
+                    if *mode == Mode::Permit {
+                        stats.permit_holds_ended += 1;
+                    }
+                    reported.push(match e {
+                        Event::Expired { .. } => MEvent::Expired {
+                            owner: o,
+                            mode: *mode,
+                        },
+                        _ => MEvent::Disconnected {
+                            owner: o,
+                            mode: *mode,
+                        },
+                    });
+                }
                 Event::DelayStarted { until } => {
                     ensure!(
                         *until > pending,
@@ -614,14 +917,26 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 Event::Updated { .. } | Event::BoundEnded { .. } => {}
             }
         }
-        if let Some((token, options)) = direct {
+        if let Some((owner, token, count, options)) = direct {
             ensure!(
                 pending == 0,
                 "op {n}: granted directly at {now} during a lock-delay until {pending}"
             );
-            ensure!(token > max_token, "token did not increase");
-            max_token = token;
-            new_holds.push((token, options));
+            if count == 1 {
+                ensure!(token > max_token, "token did not increase");
+                max_token = token;
+                new_holds.push((token, options));
+                ensure!(
+                    tokens.insert(owner, token).is_none(),
+                    "op {n}: o{owner} granted a new hold while holding"
+                );
+            } else {
+                ensure_eq!(
+                    tokens.get(&owner),
+                    Some(&token),
+                    "op {n}: o{owner}'s token changed with count {count}"
+                );
+            }
         }
         ensure_eq!(
             pending,
@@ -663,6 +978,7 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
             .map(|(o, h)| MHolder {
                 owner: o[1] - b'0',
                 mode: h.mode,
+                capacity: h.capacity,
                 count: h.count,
                 expires_at: h.expires_at,
                 token: h.token,
@@ -681,12 +997,33 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
                 id: id.0,
                 owner: w.owner[1] - b'0',
                 mode: w.mode,
+                capacity: w.capacity,
                 ttl: w.ttl,
                 bound_to: w.options.bound_to,
                 lock_delay: w.options.lock_delay,
             })
             .collect();
         ensure_eq!(queue, model.queue, "op {n}: {op:?}, queue");
+        ensure_eq!(lock.kind(), model.kind, "op {n}: {op:?}, kind");
+        let held: HashMap<u8, u64> = lock
+            .holders()
+            .iter()
+            .map(|(o, h)| (o[1] - b'0', h.token))
+            .collect();
+        ensure_eq!(held, tokens, "op {n}: {op:?}, the holders' tokens");
+        match (last_kind, model.kind) {
+            (_, Kind::Fresh) => {}
+            (Kind::Lock, Kind::Semaphore(_)) | (Kind::Semaphore(_), Kind::Lock) => {
+                stats.kind_switches += 1;
+                last_kind = model.kind;
+            }
+            _ => last_kind = model.kind,
+        }
+        if let Kind::Semaphore(c) = model.kind {
+            if model.permits_held() == u64::from(c) {
+                stats.full += 1;
+            }
+        }
         ensure_eq!(
             lock.delay_until(),
             model.delay_until,
@@ -714,11 +1051,18 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
 
 /// Decodes fuzzer bytes into operations (4 bytes per operation: kind, owner, flags, value).
 /// An acquire's flags byte holds its mode (bit 0), WAIT (bit 1), BIND (bits 2-3: 0 none, else
-/// connection 0..3) and LOCKDELAY (bits 4-7: 0 below 8, else 5 to 40 ms).
+/// connection 0..3) and LOCKDELAY (bits 4-7: 0 below 8, else 5 to 40 ms). A permit request's
+/// holds WAIT and BIND alike, a LOCKDELAY of 20 ms that must be ignored (bit 0), and the
+/// capacity (bits 4-5: 2, 2, 1 or 3; so a key's capacity is mostly 2 and sometimes another is
+/// asked for).
 pub fn decode(data: &[u8]) -> Vec<Op> {
     data.chunks_exact(4)
         .map(|c| {
-            let (kind, a, b, d) = (c[0] % 12, c[1], c[2], c[3]);
+            let (kind, a, b, d) = (c[0] % 14, c[1], c[2], c[3]);
+            let bind = match (b >> 2) & 3 {
+                0 => None,
+                conn => Some(u64::from(conn - 1)),
+            };
             let owner = a % OWNERS;
             let mode = if b & 1 == 0 { Mode::Write } else { Mode::Read };
             match kind {
@@ -727,10 +1071,7 @@ pub fn decode(data: &[u8]) -> Vec<Op> {
                     mode,
                     ttl: 1 + u64::from(d % 60),
                     wait: b & 2 != 0,
-                    bind: match (b >> 2) & 3 {
-                        0 => None,
-                        conn => Some(u64::from(conn - 1)),
-                    },
+                    bind,
                     lock_delay: match b >> 4 {
                         0..=7 => 0,
                         x => 5 * u64::from(x - 7),
@@ -750,8 +1091,20 @@ pub fn decode(data: &[u8]) -> Vec<Op> {
                 10 => Op::Cancel {
                     nth: usize::from(d),
                 },
-                _ => Op::Disconnect {
+                11 => Op::Disconnect {
                     conn: u64::from(d) % CONNS,
+                },
+                _ => Op::Permit {
+                    owner,
+                    capacity: match (b >> 4) & 3 {
+                        0 | 1 => 2,
+                        2 => 1,
+                        _ => 3,
+                    },
+                    ttl: 1 + u64::from(d % 60),
+                    wait: b & 2 != 0,
+                    bind,
+                    lock_delay: if b & 1 != 0 { 20 } else { 0 },
                 },
             }
         })
