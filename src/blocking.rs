@@ -26,9 +26,7 @@ pub fn block(
     };
     let handle_id = client.id();
     with_waiters(|r| {
-        r.by_client.insert(handle_id, id);
-        r.by_key.entry((db, key.into())).or_default().insert(id);
-        r.entries.insert(
+        r.insert(
             id,
             Entry {
                 client: Some(client),

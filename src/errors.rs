@@ -13,6 +13,8 @@ pub const QUEUE_FULL: &str =
     "MAXWAITERS the lock's wait queue is full (lock.max-waiters); retry later or raise the limit";
 pub const DEADLOCK: &str =
     "DEADLOCK the owner holds this lock shared and asked for it exclusively; release the read hold first";
+pub const DEADLOCK_CYCLE: &str =
+    "DEADLOCK waiting would close a cycle: the owners this request waits for wait, directly or through others, for a lock this owner holds; nothing was queued";
 pub const COUNT_OVERFLOW: &str = "ERR hold count overflow";
 pub const KEY_VANISHED: &str = "ERR the lock key vanished";
 pub const KEY_NOT_CREATED: &str = "ERR could not create the lock key";

@@ -25,6 +25,7 @@ mod bound;
 mod commands;
 mod config;
 mod datatype;
+mod deadlock;
 mod errors;
 mod events;
 mod keys;

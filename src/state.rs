@@ -7,7 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use redis_lock_core::{FenceCounter, Waiter, WaiterId};
+use redis_lock_core::{FenceCounter, Mode, Waiter, WaiterId};
 
 use crate::sys::blocked::{BlockedClient, BlockedClientId};
 
@@ -118,15 +118,40 @@ pub struct Registry {
     pub by_client: HashMap<BlockedClientId, WaiterId>,
     /// Queued waiters per (db, key), to serve them again when their key goes away.
     pub by_key: HashMap<(i32, Box<[u8]>), BTreeSet<WaiterId>>,
+    /// Queued lock waiters (not semaphore ones) per owner, for deadlock detection.
+    pub by_owner: HashMap<Box<[u8]>, BTreeSet<WaiterId>>,
 }
 
 impl Registry {
-    pub fn unindex_key(&mut self, id: WaiterId, db: i32, key: &[u8]) {
+    /// Records a new queued entry in every index.
+    pub fn insert(&mut self, id: WaiterId, entry: Entry) {
+        self.by_client.insert(entry.client_handle_id, id);
+        self.by_key
+            .entry((entry.db, entry.key.clone()))
+            .or_default()
+            .insert(id);
+        if entry.waiter.mode != Mode::Permit {
+            self.by_owner
+                .entry(entry.waiter.owner.clone())
+                .or_default()
+                .insert(id);
+        }
+        self.entries.insert(id, entry);
+    }
+
+    /// Takes a waiter that leaves the queue out of the by-key and by-owner indexes.
+    fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8]) {
         let k = (db, Box::<[u8]>::from(key));
         if let Some(set) = self.by_key.get_mut(&k) {
             set.remove(&id);
             if set.is_empty() {
                 self.by_key.remove(&k);
+            }
+        }
+        if let Some(set) = self.by_owner.get_mut(owner) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.by_owner.remove(owner);
             }
         }
     }
@@ -135,7 +160,7 @@ impl Registry {
         let entry = self.entries.remove(&id)?;
         self.by_client.remove(&entry.client_handle_id);
         if entry.state == WaitState::Queued {
-            self.unindex_key(id, entry.db, &entry.key);
+            self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
         }
         Some(entry)
     }
@@ -147,8 +172,9 @@ impl Registry {
             return None;
         }
         entry.state = state;
-        let (client, db, key) = (entry.client.take(), entry.db, entry.key.clone());
-        self.unindex_key(id, db, &key);
+        let client = entry.client.take();
+        let (db, key, owner) = (entry.db, entry.key.clone(), entry.waiter.owner.clone());
+        self.unindex(id, db, &key, &owner);
         client
     }
 }
@@ -160,6 +186,8 @@ pub struct Counters {
     pub expirations: Cell<u64>,
     /// Bound holds ended because their connection closed (or the server lost it).
     pub disconnects: Cell<u64>,
+    /// Lock requests refused because waiting would have closed a cycle.
+    pub deadlocks: Cell<u64>,
     pub locks_held: Cell<u64>,
     pub readers: Cell<u64>,
     pub writers: Cell<u64>,
@@ -174,6 +202,7 @@ impl Counters {
             timeouts: Cell::new(0),
             expirations: Cell::new(0),
             disconnects: Cell::new(0),
+            deadlocks: Cell::new(0),
             locks_held: Cell::new(0),
             readers: Cell::new(0),
             writers: Cell::new(0),

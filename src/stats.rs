@@ -79,6 +79,10 @@ pub fn count_timeout() {
     with_counters(|c| bump(&c.timeouts, 1));
 }
 
+pub fn count_deadlock() {
+    with_counters(|c| bump(&c.deadlocks, 1));
+}
+
 pub fn count_disconnect() {
     with_counters(|c| bump(&c.disconnects, 1));
 }
@@ -102,7 +106,7 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
 }
 
 /// The INFO figures, in the order SPEC.md names them.
-pub fn snapshot() -> [(&'static str, u64); 9] {
+pub fn snapshot() -> [(&'static str, u64); 10] {
     with_counters(|c| {
         [
             ("locks_held", c.locks_held.get()),
@@ -114,6 +118,7 @@ pub fn snapshot() -> [(&'static str, u64); 9] {
             ("timeouts_total", c.timeouts.get()),
             ("expirations_total", c.expirations.get()),
             ("disconnects_total", c.disconnects.get()),
+            ("deadlocks_total", c.deadlocks.get()),
         ]
     })
 }

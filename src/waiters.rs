@@ -74,3 +74,15 @@ pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
             .collect()
     })
 }
+
+/// The lock requests `owner` has queued, on any key of any database: (id, db, key).
+pub fn queued_of(owner: &[u8]) -> Vec<(WaiterId, i32, Box<[u8]>)> {
+    with_waiters(|r| {
+        let Some(ids) = r.by_owner.get(owner) else {
+            return Vec::new();
+        };
+        ids.iter()
+            .filter_map(|id| r.entries.get(id).map(|e| (*id, e.db, e.key.clone())))
+            .collect()
+    })
+}

@@ -176,8 +176,10 @@ impl HolderSet {
         match std::mem::take(&mut self.repr) {
             Repr::Empty | Repr::Delayed(_) => self.repr = Repr::One(owner.into(), holder),
             Repr::One(o, h) => {
-                let mut m = Indexed::default();
-                m.total = h.count.saturating_add(holder.count);
+                let mut m = Indexed {
+                    total: h.count.saturating_add(holder.count),
+                    ..Indexed::default()
+                };
                 m.by_expiry.insert((h.expires_at, o.clone()));
                 m.by_owner.insert(o, h);
                 m.by_expiry.insert((holder.expires_at, owner.into()));

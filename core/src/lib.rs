@@ -15,6 +15,7 @@
 //! it up to the next queued writer. New requests never overtake the queue, except holders
 //! re-entering a lock they already hold.
 
+mod deadlock;
 mod holders;
 pub mod parse;
 mod queue;
@@ -27,6 +28,7 @@ pub mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use deadlock::{closes_cycle, Blocker, WaitView};
 pub use holders::{Holder, HolderSet, PackedOptions};
 pub use queue::{WaitQueue, Waiter};
 
@@ -539,6 +541,7 @@ impl Lock {
         } else {
             let expires_at = held.expires_at;
             self.holders.update(owner, remaining, expires_at);
+            self.grant_waiters(step);
         }
         Ok(remaining)
     }

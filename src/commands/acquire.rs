@@ -7,13 +7,13 @@ use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Waiter};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
-    arg_error, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK, KEY_VANISHED,
-    NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
+    arg_error, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK, DEADLOCK_CYCLE,
+    KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
 };
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
-use crate::{blocking, settle, stats, waiters};
+use crate::{blocking, deadlock, settle, stats, waiters};
 
 use super::common::split_key;
 
@@ -102,10 +102,29 @@ fn request(
         None
     };
     let wants_to_wait = req.wait.is_some() && may_block;
-    let wait_id = (wants_to_wait && queue_full.is_none()).then(waiters::next_id);
-    let outcome = lock_key
+    let may_queue = wants_to_wait && queue_full.is_none();
+    // A lock request that may wait is first tried without queueing; only if it would wait is
+    // it checked for a deadlock, then queued. Nothing changes in between, so the second try
+    // queues. Semaphore waits are not part of detection.
+    let detect = may_queue && mode != Mode::Permit;
+    let mut wait_id = (may_queue && !detect).then(waiters::next_id);
+    let mut outcome = lock_key
         .apply(|lock, step| lock.request(request, wait_id, step))
         .ok_or(RedisError::Str(KEY_VANISHED))?;
+    if detect && outcome == Acquired::Busy {
+        let blockers = match lock_key.existing()? {
+            Some(value) => value.lock.blockers(req.owner, mode, None),
+            None => Vec::new(),
+        };
+        if deadlock::closes_cycle_here(ctx, req.owner, blockers) {
+            stats::count_deadlock();
+            return Err(RedisError::Str(DEADLOCK_CYCLE));
+        }
+        wait_id = Some(waiters::next_id());
+        outcome = lock_key
+            .apply(|lock, step| lock.request(request, wait_id, step))
+            .ok_or(RedisError::Str(KEY_VANISHED))?;
+    }
     match outcome {
         Acquired::Granted { token, .. } => {
             stats::count_grant();

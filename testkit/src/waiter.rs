@@ -62,6 +62,32 @@ pub fn spawn_waiter(
     Waiter { handle, words }
 }
 
+/// [`spawn_waiter`] in database `db`: the request's connection selects it first (the
+/// observer must already be in that database).
+pub fn spawn_waiter_in(
+    server: &Server,
+    observer: &mut Connection,
+    db: &str,
+    words: &[&str],
+    expect_waiting: i64,
+) -> Waiter {
+    let mut conn = server.client();
+    if let Err(e) = query(&mut conn, &["SELECT", db]) {
+        panic!("SELECT {db}: {e:?}");
+    }
+    let words: Vec<String> = words.iter().map(|s| s.to_string()).collect();
+    let key = words[1].clone();
+    let sent = words.clone();
+    let handle = thread::spawn(move || {
+        let refs: Vec<&str> = sent.iter().map(|s| s.as_str()).collect();
+        query(&mut conn, &refs)
+    });
+    wait_until(&format!("waiter queued on {key} in db {db}"), || {
+        waiting(observer, &key) == expect_waiting
+    });
+    Waiter { handle, words }
+}
+
 /// `words` as one RESP array of bulk strings.
 pub fn resp(words: &[&str]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", words.len()).into_bytes();
