@@ -490,7 +490,6 @@ fn guards_of_an_explicit_owner_reenter_and_release_one_hold_each() {
 /// module's cross-key deadlock detection (SPEC "Deadlock detection"); run with `--ignored`
 /// once it is in.
 #[test]
-#[ignore = "needs the module's cross-key deadlock detection"]
 fn a_wait_that_would_close_a_cycle_is_a_deadlock() {
     let server = Server::start();
     let client = LockClient::new(&url(&server), TIMEOUT).unwrap();
