@@ -37,23 +37,31 @@ pub struct Gauges {
 }
 
 impl Gauges {
+    #[inline]
     pub fn of(lock: &Lock) -> Self {
-        let holders = u32::try_from(lock.holders().len()).unwrap_or(u32::MAX);
-        let (readers, writers, permits) = match lock.mode() {
-            Some(Mode::Read) => (holders, 0, 0),
-            Some(Mode::Write) => (0, holders, 0),
-            Some(Mode::Permit) => (
+        let holders = lock.holders();
+        let waiters = u32::try_from(lock.queue().len()).unwrap_or(u32::MAX);
+        let Some(first) = holders.any() else {
+            return Gauges {
+                waiters,
+                ..Gauges::default()
+            };
+        };
+        let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        let (readers, writers, permits) = match first.mode {
+            Mode::Read => (count, 0, 0),
+            Mode::Write => (0, count, 0),
+            Mode::Permit => (
                 0,
                 0,
-                u32::try_from(lock.holders().total_count()).unwrap_or(u32::MAX),
+                u32::try_from(holders.total_count()).unwrap_or(u32::MAX),
             ),
-            None => (0, 0, 0),
         };
         Gauges {
-            locks_held: u32::from(holders > 0),
+            locks_held: 1,
             readers,
             writers,
-            waiters: u32::try_from(lock.queue().len()).unwrap_or(u32::MAX),
+            waiters,
             permits,
         }
     }
