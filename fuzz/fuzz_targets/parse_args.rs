@@ -1,13 +1,14 @@
 //! Argument parsing and the LOCK.SYNC codec: any byte strings, split into arguments at NUL
 //! bytes, must parse or fail cleanly, and anything accepted must be within the documented
 //! limits. Version 2: options in any order (`WAIT`, `BIND`, `LOCKDELAY` on exclusive requests
-//! only) and the LOCK.SYNC state with options and the lock-delay, which must round-trip.
+//! only), LOCK.SEMACQUIRE's capacity, and the LOCK.SYNC state with options, the lock-delay and
+//! semaphore permits, which must round-trip.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use redis_lock_core::parse::{self, Accepts};
 use redis_lock_core::sync::{parse_sync, sync_state};
-use redis_lock_core::{check_holder, MAX_DURATION, MAX_OWNER_LEN, MAX_TOKEN};
+use redis_lock_core::{check_holder, MAX_CAPACITY, MAX_DURATION, MAX_OWNER_LEN, MAX_TOKEN};
 
 fuzz_target!(|data: &[u8]| {
     let args: Vec<&[u8]> = data.split(|b| *b == 0).collect();
@@ -24,6 +25,12 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(parse::acquire(&args, Accepts::Exclusive), Ok(a));
             }
         }
+    }
+    if let Ok(sem) = parse::semacquire(&args) {
+        assert!((1..=MAX_CAPACITY).contains(&sem.capacity));
+        assert!((1..=MAX_OWNER_LEN).contains(&sem.request.owner.len()));
+        assert!((1..=MAX_DURATION).contains(&sem.request.ttl));
+        assert_eq!(sem.request.lock_delay, 0);
     }
     if let Ok((owner, _all)) = parse::release(&args) {
         assert!((1..=MAX_OWNER_LEN).contains(&owner.len()));
