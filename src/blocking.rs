@@ -70,6 +70,7 @@ fn on_reply(client: BlockedClientId) -> RedisResult {
             i64::try_from(token).unwrap_or(i64::MAX),
         )),
         Some(WaitState::WrongType) => Err(RedisError::WrongType),
+        Some(WaitState::Refused { message }) => Err(RedisError::Str(message)),
         Some(WaitState::Queued) | None => Ok(RedisValue::Null),
     }
 }
@@ -122,10 +123,13 @@ fn on_disconnect(ctx: &Context, client: BlockedClientId) {
                 i64::try_from(token).unwrap_or(i64::MAX),
             )));
         }
-        WaitState::WrongType if closing => {}
+        WaitState::WrongType | WaitState::Refused { .. } if closing => {}
         WaitState::WrongType => {
             // The same race as above.
             ctx.reply(Err(RedisError::WrongType));
+        }
+        WaitState::Refused { message } => {
+            ctx.reply(Err(RedisError::Str(message)));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! anything, CRLF included.
 
 use redis_lock_core::parse::ArgError;
+use redis_lock_core::Acquired;
 use redis_module::RedisError;
 
 pub const NOT_OWNER: &str =
@@ -39,3 +40,15 @@ pub const NOT_A_LOCK: &str =
     "WRONGKIND the key holds a semaphore, not a lock (use LOCK.SEMACQUIRE)";
 pub const CAPACITY_MISMATCH: &str =
     "ERR the semaphore has another capacity (LOCK.INFO shows it); a key keeps its capacity while it exists";
+
+/// The error a waiter gets when its key was replaced by one of another kind or capacity (a
+/// waiter is a permit request exactly when the key it finds is a lock, or the reverse).
+pub fn refusal_text(refusal: Acquired) -> &'static str {
+    match refusal {
+        Acquired::CapacityMismatch => CAPACITY_MISMATCH,
+        _ => WAITER_WRONG_KIND,
+    }
+}
+
+pub const WAITER_WRONG_KIND: &str =
+    "WRONGKIND the key was replaced by one of the other kind (a lock for a semaphore or the reverse) while this request waited";

@@ -22,7 +22,7 @@ use crate::state;
 use crate::sys::context;
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
-use crate::{bound, stats, waiters};
+use crate::{bound, errors, stats, waiters};
 use redis_lock_core::Lock;
 
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
@@ -159,7 +159,9 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
                     .into_iter()
                     .filter(|(id, _)| !lock.queue().contains(*id))
                     .collect();
-                lock.requeue(missing, step);
+                for (id, refusal) in lock.requeue(missing, step) {
+                    waiters::refuse(id, errors::refusal_text(refusal));
+                }
                 // After the requeue, so that a waiter granted here is not taken for one that
                 // went missing.
                 bound::end_gone(lock, step);

@@ -94,6 +94,10 @@ pub enum WaitState {
     },
     /// The key now holds another type.
     WrongType,
+    /// The key now holds another kind (lock or semaphore) or capacity: this error is replied.
+    Refused {
+        message: &'static str,
+    },
 }
 
 /// One blocked waiter: its handle and what it asked for.

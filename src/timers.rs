@@ -43,7 +43,11 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
     if ctx.get_flags().contains(ContextFlags::SLAVE) {
         return;
     }
-    let needs_timer = !value.lock.queue().is_empty() || value.lock.holders().len() > 1;
+    // A lone exclusive holder with LOCKDELAY also needs one: its key lives until the end of
+    // the delay, but the hold itself ends (and is counted and notified) at its expiry.
+    let needs_timer = !value.lock.queue().is_empty()
+        || value.lock.holders().len() > 1
+        || value.lock.next_expiry() != value.lock.last_expiry();
     let due = match value.lock.next_expiry() {
         Some(due) if needs_timer => due,
         _ => {

@@ -43,6 +43,13 @@ pub fn refuse_wrong_type(id: WaiterId) {
     }
 }
 
+/// Waiter `id`'s key now holds another kind or capacity: it gets `message`.
+pub fn refuse(id: WaiterId, message: &'static str) {
+    if let Some(client) = with_waiters(|r| r.resolve(id, WaitState::Refused { message })) {
+        client.unblock();
+    }
+}
+
 /// Is `id` still queued on (`db`, `key`)?
 pub fn is_queued_at(id: WaiterId, db: i32, key: &[u8]) -> bool {
     with_waiters(|r| {

@@ -384,3 +384,25 @@ fn lock_info_keeps_the_first_five_fields_in_place_and_adds_delay_after() {
         ["fence", "holders", "mode", "queue", "waiting", "delay"]
     );
 }
+
+/// A lone holder with LOCKDELAY and nobody waiting: its key lives until the delay's end, but the
+/// hold itself ends at its expiry, counted and notified then, with no client action.
+#[test]
+fn a_lone_delayed_holder_expires_on_time_while_its_key_stays() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(
+        &mut c,
+        &["LOCK.ACQUIRE", "k", "h", "100", "LOCKDELAY", "600000"],
+    );
+    wait_until(
+        "the expiry is counted without a client command on the key",
+        || info_field(&mut c, "expirations_total") == 1,
+    );
+    assert_eq!(info_field(&mut c, "writers"), 0);
+    assert_eq!(info_field(&mut c, "locks_held"), 0);
+    assert!(
+        int(&mut c, &["PTTL", "k"]) > 590_000,
+        "the delay keeps the key"
+    );
+}

@@ -2330,21 +2330,16 @@ fn deleting_a_semaphore_serves_its_waiters_in_order_and_an_overwrite_refuses_the
 }
 
 // ---------------------------------------------------------------------------------------------
-// Module bugs found by this file (kept ignored until fixed).
+// Waiters whose key Redis replaced with a value of the other kind or another capacity.
 // ---------------------------------------------------------------------------------------------
 
 /// Waiters of a key whose value Redis replaced behind the module's back (RENAME, MOVE,
 /// SWAPDB, RESTORE ... REPLACE, COPY ... REPLACE) rejoin the queue of whatever lock value the
-/// key now holds (`settle::settle` → `Lock::requeue`), without checking its kind: a permit
-/// waiter that finds an exclusive lock there is granted a permit *beside the writer*
-/// (`grant_waiters` asks only `permits_free(waiter.capacity)`, which counts the writer's one
-/// hold against the waiter's capacity 2). The key then holds a writer and a permit: INFO lock
-/// counts 2 writers, LOCK.INFO says `semaphore` without a capacity, and an RDB saved now can no
-/// longer be loaded ("bad lock value in RDB: a writer beside another holder"), so the server
-/// does not start again. Expected: such a waiter is refused (as a waiter whose key now holds
-/// another type gets -WRONGTYPE, here -WRONGKIND) or at least never granted beside the lock.
+/// key now holds (`settle::settle` → `Lock::requeue`). A permit waiter that finds an exclusive
+/// lock there must not be granted beside the writer (this test found that it was: the key
+/// then held a writer and a permit, and an RDB saved then could not be loaded): it gets
+/// -WRONGKIND, as a waiter whose key now holds another type gets -WRONGTYPE.
 #[test]
-#[ignore = "module bug: a permit waiter requeued onto a renamed-in lock key is granted beside the writer"]
 fn a_lock_renamed_over_a_semaphore_with_waiters_is_never_shared_with_a_permit() {
     let mut server = Server::start();
     let mut c = server.client();
@@ -2367,8 +2362,8 @@ fn a_lock_renamed_over_a_semaphore_with_waiters_is_never_shared_with_a_permit() 
     assert_eq!(info_field(&mut c, "writers"), 1);
     let reply = waiter.join();
     assert!(
-        !matches!(reply, Ok(Value::Int(_))),
-        "the permit waiter got a token on a lock key: {reply:?}"
+        matches!(&reply, Err(e) if e.code() == Some("WRONGKIND")),
+        "the permit waiter should get WRONGKIND on a lock key: {reply:?}"
     );
     query(&mut c, &["SAVE"]).unwrap();
     drop(c);
@@ -2377,12 +2372,11 @@ fn a_lock_renamed_over_a_semaphore_with_waiters_is_never_shared_with_a_permit() 
     assert_eq!(holders(&mut c, "s"), vec![("x".to_string(), 1)]);
 }
 
-/// The same path with two semaphores: waiters of a capacity-3 semaphore rejoin a capacity-1
-/// semaphore renamed over their key and are granted up to *their* capacity, so the key holds
-/// more permits than its capacity (LOCK.INFO shows 2 holders with `capacity` 1), and an RDB
-/// saved now cannot be loaded ("permits that do not fit").
+/// The same path with two semaphores: a waiter of a capacity-3 semaphore that finds a
+/// capacity-1 semaphore renamed over its key must not be granted up to *its* capacity (this
+/// test found that it was, leaving more permits than the capacity and an RDB that could not be
+/// loaded): it gets the capacity-mismatch error.
 #[test]
-#[ignore = "module bug: waiters requeued onto a renamed-in semaphore are granted beyond its capacity"]
 fn a_smaller_semaphore_renamed_over_one_with_waiters_keeps_its_capacity() {
     let mut server = Server::start();
     let mut c = server.client();
@@ -2407,8 +2401,8 @@ fn a_smaller_semaphore_renamed_over_one_with_waiters_keeps_its_capacity() {
     );
     let reply = waiter.join();
     assert!(
-        !matches!(reply, Ok(Value::Int(_))),
-        "the waiter was granted beyond the capacity: {reply:?}"
+        matches!(&reply, Err(e) if format!("{e:?}").contains("another capacity")),
+        "the waiter should get the capacity error: {reply:?}"
     );
     query(&mut c, &["SAVE"]).unwrap();
     drop(c);

@@ -652,11 +652,25 @@ impl Lock {
 
     /// Puts waiters back in their arrival places (after their key was deleted) and serves
     /// the queue.
-    pub fn requeue(&mut self, waiters: Vec<(WaiterId, Waiter)>, step: &mut Step<'_>) {
+    ///
+    /// A waiter whose request does not fit what the key holds now (a lock request on a
+    /// semaphore, a permit request on a lock, another capacity: the key was replaced by RENAME,
+    /// MOVE, SWAPDB, RESTORE or COPY) is not put back; it is returned with the refusal a new
+    /// request of its kind would get, and the caller answers it.
+    pub fn requeue(
+        &mut self,
+        waiters: Vec<(WaiterId, Waiter)>,
+        step: &mut Step<'_>,
+    ) -> Vec<(WaiterId, Acquired)> {
+        let mut refused = Vec::new();
         for (id, waiter) in waiters {
-            self.queue.push(id, waiter);
+            match self.refuse_kind(waiter.mode, waiter.capacity) {
+                Some(refusal) => refused.push((id, refusal)),
+                None => self.queue.push(id, waiter),
+            }
         }
         self.settle(step);
+        refused
     }
 
     /// Expires what is due and grants what is grantable: brings the lock back to its

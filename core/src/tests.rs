@@ -949,3 +949,54 @@ fn a_restored_permit_must_fit_the_semaphore() {
         Err(RestoreError::Conflict)
     );
 }
+
+/// Waiters rescued from a deleted or replaced key rejoin what the key holds now, unless it is
+/// of the other kind or another capacity: those are handed back with the refusal.
+#[test]
+fn requeued_waiters_of_another_kind_or_capacity_are_refused() {
+    let waiter = |mode, capacity| Waiter {
+        owner: b"w"[..].into(),
+        mode,
+        ttl: 1_000,
+        options: HoldOptions::default(),
+        capacity,
+    };
+    let mut b = Bench::new();
+    b.write("x");
+    let refused = b.run(|l, s| {
+        l.requeue(
+            vec![
+                (WaiterId(1), waiter(Mode::Permit, 2)),
+                (WaiterId(2), waiter(Mode::Write, 0)),
+            ],
+            s,
+        )
+    });
+    assert_eq!(refused, vec![(WaiterId(1), Acquired::WrongKind)]);
+    assert_eq!(b.lock.queue().len(), 1, "the lock waiter rejoined");
+    let mut s = Bench::new();
+    s.permit("x", 1, 1_000, None);
+    let refused = s.run(|l, st| {
+        l.requeue(
+            vec![
+                (WaiterId(1), waiter(Mode::Permit, 3)),
+                (WaiterId(2), waiter(Mode::Read, 0)),
+                (WaiterId(3), waiter(Mode::Permit, 1)),
+            ],
+            st,
+        )
+    });
+    assert_eq!(
+        refused,
+        vec![
+            (WaiterId(1), Acquired::CapacityMismatch),
+            (WaiterId(2), Acquired::WrongKind)
+        ]
+    );
+    assert_eq!(
+        s.lock.holders().total_count(),
+        1,
+        "never beyond the capacity"
+    );
+    assert_eq!(s.lock.queue().len(), 1);
+}
