@@ -300,3 +300,140 @@ impl Lock for LuaFair {
         self.script_cmd(key, owner, ttl_ms, false)
     }
 }
+
+/// The module's counting semaphore: LOCK.SEMACQUIRE (with server-side WAIT) and LOCK.RELEASE
+/// of one permit.
+pub struct ModuleSemaphore {
+    pub capacity: u32,
+}
+
+impl Lock for ModuleSemaphore {
+    fn name(&self) -> &'static str {
+        "module semaphore"
+    }
+    fn try_acquire(&self, c: &mut Connection, key: &str, owner: &str, ttl_ms: u64) -> bool {
+        is_int(self.acquire_cmd(key, owner, ttl_ms).query(c))
+    }
+    fn acquire(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> bool {
+        let wait = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut cmd = self.acquire_cmd(key, owner, ttl_ms);
+        cmd.arg("WAIT").arg(wait);
+        is_int(cmd.query(c))
+    }
+    fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
+        is_int(redis::cmd("LOCK.RELEASE").arg(key).arg(owner).query(c))
+    }
+    fn commands(&self) -> &'static [&'static str] {
+        &["lock.semacquire", "lock.release"]
+    }
+    fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("LOCK.SEMACQUIRE");
+        cmd.arg(key).arg(owner).arg(self.capacity).arg(ttl_ms);
+        cmd
+    }
+}
+
+/// A semaphore in a sorted set, the kind redis-semaphore (Node) and Redisson's
+/// `RPermitExpirableSemaphore` keep: one member per permit holder, scored by its expiry. The
+/// acquire script drops expired members, then adds the owner if fewer than `capacity` are
+/// left; a release removes the member. A blocking acquire sleeps and retries (redis-semaphore's
+/// default retry interval is 10 ms). The script is written here, not copied.
+pub struct ZsetSemaphore {
+    pub capacity: u32,
+    pub poll: Duration,
+    sha: std::sync::OnceLock<String>,
+}
+
+/// KEYS[1] the semaphore; ARGV: owner, capacity, ttl (ms), the client's clock (ms).
+const ZSET_ACQUIRE: &str = r#"
+local now = tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+impl ZsetSemaphore {
+    pub fn new(capacity: u32, poll: Duration) -> Self {
+        ZsetSemaphore {
+            capacity,
+            poll,
+            sha: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Lock for ZsetSemaphore {
+    fn name(&self) -> &'static str {
+        "sorted set + Lua semaphore"
+    }
+    fn prepare(&self, c: &mut Connection) {
+        let sha = load_script(c, ZSET_ACQUIRE);
+        let _ = self.sha.set(sha);
+    }
+    fn try_acquire(&self, c: &mut Connection, key: &str, owner: &str, ttl_ms: u64) -> bool {
+        matches!(
+            self.acquire_cmd(key, owner, ttl_ms).query(c),
+            Ok(Value::Int(1))
+        )
+    }
+    fn acquire(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> bool {
+        let give_up = Instant::now() + timeout;
+        loop {
+            if self.try_acquire(c, key, owner, ttl_ms) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return false;
+            }
+            std::thread::sleep(self.poll.min(give_up - now));
+        }
+    }
+    fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
+        matches!(
+            redis::cmd("ZREM").arg(key).arg(owner).query(c),
+            Ok(Value::Int(1))
+        )
+    }
+    fn commands(&self) -> &'static [&'static str] {
+        &["evalsha", "zrem"]
+    }
+    fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
+        let sha = self.sha.get().expect("prepared");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha)
+            .arg(1)
+            .arg(key)
+            .arg(owner)
+            .arg(self.capacity)
+            .arg(ttl_ms)
+            .arg(now_ms());
+        cmd
+    }
+}

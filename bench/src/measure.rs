@@ -1,6 +1,7 @@
 //! The measurements. Each takes the server and a lock approach and returns figures; nothing is
 //! asserted here: targets are compared in the report.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,15 +14,15 @@ use redis::Connection;
 use crate::locks::Lock;
 use crate::server::{command_usec, used_memory, Server};
 
-const LONG_TTL: u64 = 600_000;
+pub(crate) const LONG_TTL: u64 = 600_000;
 
-fn flush(c: &mut Connection) {
+pub(crate) fn flush(c: &mut Connection) {
     let _: () = redis::cmd("FLUSHALL").query(c).expect("FLUSHALL");
     reset_stats(c);
 }
 
 /// Zeroes INFO commandstats, so the next reading covers only what follows.
-fn reset_stats(c: &mut Connection) {
+pub(crate) fn reset_stats(c: &mut Connection) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(c)
@@ -97,53 +98,97 @@ pub fn throughput(server: &Server, lock: &dyn Lock, conns: usize, duration: Dura
     done.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
 }
 
-/// Contended handoff: `waiters` clients loop acquire (blocking) / release on one lock; each
-/// sample is the time from a release being sent to the next grant's reply arriving.
+/// What one contended-handoff run saw.
+pub struct HandoffRun {
+    /// Release sent to the next grant's reply, per grant.
+    pub samples: Vec<Duration>,
+    /// The longest any client waited in one acquire, from its call to its grant (calls made
+    /// after the first release; including the clients still waiting when the run stopped,
+    /// once they get through).
+    pub longest_wait: Duration,
+    /// How many of the clients were granted at least once before the run stopped.
+    pub clients_served: usize,
+}
+
+/// Contended handoff: `waiters` clients loop acquire (blocking) / release on one lock (or one
+/// semaphore of `permits` permits); each sample is the time from a release being sent to the
+/// next grant's reply arriving. Releases and grants are paired first in, first out: with one
+/// permit there is at most one release waiting for its grant; with more, each grant takes the
+/// oldest release not yet taken.
 pub fn handoff(
     server: &Server,
     lock: &dyn Lock,
     waiters: usize,
+    permits: usize,
     samples: usize,
     budget: Duration,
-) -> Vec<Duration> {
+) -> HandoffRun {
     let mut c = server.connect();
     flush(&mut c);
     lock.prepare(&mut c);
     let key = "handoff";
-    let released_at: Mutex<Option<Instant>> = Mutex::new(None);
+    let released_at: Mutex<VecDeque<Instant>> = Mutex::new(VecDeque::new());
     let out: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+    let longest_wait: Mutex<Duration> = Mutex::new(Duration::ZERO);
+    let served = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
-    assert!(lock.try_acquire(&mut c, key, "starter", LONG_TTL));
+    let starters: Vec<String> = if permits <= 1 {
+        vec!["starter".into()]
+    } else {
+        (0..permits).map(|i| format!("starter{i}")).collect()
+    };
+    for s in &starters {
+        assert!(lock.try_acquire(&mut c, key, s, LONG_TTL));
+    }
     let deadline = Instant::now() + budget;
+    let started: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     thread::scope(|s| {
         for w in 0..waiters {
             let (released_at, out, stop) = (&released_at, &out, &stop);
+            let (longest_wait, served, started) = (&longest_wait, &served, &started);
             let mut conn = server.connect();
             s.spawn(move || {
                 let owner = format!("w{w}");
+                let mut was_served = false;
                 while !stop.load(Ordering::Relaxed) {
+                    let asked = Instant::now();
                     if !lock.acquire(&mut conn, key, &owner, LONG_TTL, Duration::from_secs(30)) {
                         continue;
                     }
                     let granted = Instant::now();
-                    if let Some(t0) = released_at.lock().unwrap().take() {
+                    if started.get().is_some_and(|t| asked >= *t) {
+                        let mut l = longest_wait.lock().unwrap();
+                        *l = (*l).max(granted.duration_since(asked));
+                    }
+                    if !was_served && !stop.load(Ordering::Relaxed) {
+                        was_served = true;
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(t0) = released_at.lock().unwrap().pop_front() {
                         let mut v = out.lock().unwrap();
                         v.push(granted.duration_since(t0));
                         if v.len() >= samples || Instant::now() >= deadline {
                             stop.store(true, Ordering::Relaxed);
                         }
                     }
-                    *released_at.lock().unwrap() = Some(Instant::now());
+                    released_at.lock().unwrap().push_back(Instant::now());
                     lock.release(&mut conn, key, &owner);
                 }
             });
         }
         // Let every waiter queue, then start the chain.
         thread::sleep(Duration::from_millis(200));
-        *released_at.lock().unwrap() = Some(Instant::now());
-        lock.release(&mut c, key, "starter");
+        let _ = started.set(Instant::now());
+        for s in &starters {
+            released_at.lock().unwrap().push_back(Instant::now());
+            lock.release(&mut c, key, s);
+        }
     });
-    out.into_inner().unwrap()
+    HandoffRun {
+        samples: out.into_inner().unwrap(),
+        longest_wait: longest_wait.into_inner().unwrap(),
+        clients_served: served.load(Ordering::Relaxed) as usize,
+    }
 }
 
 /// Crash hand-over: a holder takes the lock with `ttl_ms` and never releases; one waiter
@@ -282,10 +327,10 @@ pub fn fill(c: &mut Connection, lock: &dyn Lock, prefix: &str, n: usize) {
 }
 
 /// Raw connections that send one command each and never read: clients that stay blocked.
-struct RawClients(Vec<TcpStream>);
+pub(crate) struct RawClients(Vec<TcpStream>);
 
 impl RawClients {
-    fn open(server: &Server, n: usize) -> RawClients {
+    pub(crate) fn open(server: &Server, n: usize) -> RawClients {
         let mut v = Vec::with_capacity(n);
         for _ in 0..n {
             let mut s = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
@@ -297,7 +342,7 @@ impl RawClients {
         RawClients(v)
     }
 
-    fn send_each(&mut self, mut command: impl FnMut(usize) -> Vec<String>) {
+    pub(crate) fn send_each(&mut self, mut command: impl FnMut(usize) -> Vec<String>) {
         for (i, s) in self.0.iter_mut().enumerate() {
             let words = command(i);
             let mut out = format!("*{}\r\n", words.len());
@@ -322,8 +367,11 @@ fn waiting(c: &mut Connection, key: &str) -> i64 {
         .unwrap_or(0)
 }
 
-fn wait_for_waiting(c: &mut Connection, key: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+pub(crate) fn wait_for_waiting(c: &mut Connection, key: &str, n: usize) {
+    // Generous: every writer that queues is checked for a deadlock against all the writers
+    // queued ahead of it, so queueing n writers on one key costs the server O(n^2) (about 50 s
+    // for 10000 on the reference machine).
+    let deadline = Instant::now() + Duration::from_secs(300);
     while waiting(c, key) < n as i64 {
         assert!(Instant::now() < deadline, "waiters did not queue");
         thread::sleep(Duration::from_millis(10));
