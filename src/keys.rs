@@ -16,7 +16,7 @@ use crate::stats::Gauges;
 use crate::sys::context;
 use crate::sys::key::{KeyKind, RawKey};
 use crate::value::{LockType, LockValue, LOCK_TYPE};
-use crate::{bound, replication, stats, timers, waiters};
+use crate::{bound, contention, replication, stats, timers, waiters};
 use redis_lock_core::{Event, Lock, Millis, Step};
 
 /// The key's name: the command's own argument when there is one (no copy), else a new string.
@@ -197,7 +197,12 @@ impl<'a> LockKey<'a> {
         if !unbound.is_empty() {
             bound::forget_ended(&unbound, self.db, self.name.get().as_slice(), &value.lock);
         }
-        stats::update_gauges(before, Gauges::of(&value.lock));
+        let after = Gauges::of(&value.lock);
+        if before.waiters > 0 || after.waiters > 0 {
+            let key = self.name.get().as_slice();
+            contention::update(self.db, key, &value.lock, before.waiters > 0, &changed);
+        }
+        stats::update_gauges(before, after);
         if value.lock.is_empty() {
             // A lock-delay that ran out with nobody to serve left a key that no LOCK.SYNC
             // removes: replicas delete it on the master's word, like any expired key.

@@ -24,6 +24,7 @@ mod blocking;
 mod bound;
 mod commands;
 mod config;
+mod contention;
 mod datatype;
 mod deadlock;
 mod errors;

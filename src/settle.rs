@@ -22,7 +22,7 @@ use crate::state;
 use crate::sys::context;
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
-use crate::{bound, errors, stats, waiters};
+use crate::{bound, contention, errors, stats, waiters};
 use redis_lock_core::Lock;
 
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
@@ -49,6 +49,9 @@ pub fn schedule() {
 /// A lock value is leaving its key. Its waiters are taken out (they wait on the key name, and
 /// the registry remembers them); if every holder had expired, this is that expiry.
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
+    if !value.lock.queue().is_empty() {
+        contention::forget(db, key);
+    }
     if !value.lock.holders().is_empty() {
         for conn in bound::connections(&value.lock) {
             bound::forget(conn, db, key);

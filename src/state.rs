@@ -31,6 +31,8 @@ thread_local! {
     static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
     /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+    /// Holders of keys that have waiters (`contention`).
+    static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// The module-wide source of fencing tokens (`stats`; persisted as RDB aux data).
     static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
     /// The INFO figures (`stats`).
@@ -59,6 +61,17 @@ pub fn with_bound<R>(f: impl FnOnce(&mut HashMap<u64, BTreeSet<DbKey>>) -> R) ->
 
 pub fn with_gone<R>(f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
     GONE.with(|g| f(&mut g.borrow_mut()))
+}
+
+pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
+    CONTENDED.with(|c| f(&mut c.borrow_mut()))
+}
+
+/// Which owners hold a key with waiters, and the reverse (see `contention`).
+#[derive(Default)]
+pub struct Contended {
+    pub by_owner: HashMap<Box<[u8]>, BTreeSet<DbKey>>,
+    pub by_key: HashMap<DbKey, HashSet<Box<[u8]>>>,
 }
 
 pub fn with_expired<R>(f: impl FnOnce(&mut Vec<(DbKey, u64)>) -> R) -> R {

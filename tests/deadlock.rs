@@ -279,3 +279,32 @@ fn no_refusal_when_owners_never_form_cycles() {
     assert_eq!(refused, 0, "a request that closes no cycle was refused");
     assert_eq!(info_field(&mut c, "deadlocks_total"), 0);
 }
+
+/// A hold granted from the queue while others still wait behind it counts as much as one
+/// taken directly: W1 gets K when H releases, W2 still waits for K, and W1 asking for J (held
+/// by W2) closes W1 -> W2 -> W1.
+#[test]
+fn a_hold_granted_from_the_queue_closes_cycles_too() {
+    let server = Server::start();
+    let mut h = server.client();
+    let mut w2 = server.client();
+    hold(&mut h, "0", "K", "H", false);
+    hold(&mut w2, "0", "J", "W2", false);
+    let w1_waits = queue(&server, "0", "K", "W1", false, 1);
+    let w2_waits = queue(&server, "0", "K", "W2", false, 2);
+    int(&mut h, &["LOCK.RELEASE", "K", "H"]);
+    assert!(w1_waits.token() > 0);
+    let mut w1 = server.client();
+    assert_refused(
+        &mut w1,
+        "0",
+        &["LOCK.ACQUIRE", "J", "W1", LONG, "WAIT", "30000"],
+    );
+    // Once nobody waits for what W1 holds, W1 may wait for J.
+    int(&mut w1, &["LOCK.RELEASE", "K", "W1"]);
+    assert!(w2_waits.token() > 0);
+    int(&mut w2, &["LOCK.RELEASE", "K", "W2"]);
+    let w1_waits_j = queue(&server, "0", "J", "W1", false, 1);
+    int(&mut w2, &["LOCK.RELEASE", "J", "W2"]);
+    assert!(w1_waits_j.token() > 0);
+}

@@ -13,7 +13,7 @@ use crate::errors::{
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
-use crate::{blocking, deadlock, settle, stats, waiters};
+use crate::{blocking, contention, deadlock, settle, stats, waiters};
 
 use super::common::split_key;
 
@@ -111,7 +111,8 @@ fn request(
     let mut outcome = lock_key
         .apply(|lock, step| lock.request(request, wait_id, step))
         .ok_or(RedisError::Str(KEY_VANISHED))?;
-    if detect && outcome == Acquired::Busy {
+    // A requester that holds no key anyone waits for cannot close a cycle: no walk.
+    if detect && outcome == Acquired::Busy && contention::holds_contended(req.owner) {
         let blockers = match lock_key.existing()? {
             Some(value) => value.lock.blockers(req.owner, mode, None),
             None => Vec::new(),
@@ -120,6 +121,8 @@ fn request(
             stats::count_deadlock();
             return Err(RedisError::Str(DEADLOCK_CYCLE));
         }
+    }
+    if detect && outcome == Acquired::Busy {
         wait_id = Some(waiters::next_id());
         outcome = lock_key
             .apply(|lock, step| lock.request(request, wait_id, step))
