@@ -6,9 +6,11 @@
 //! A lock request with WAIT that cannot be granted at once is checked for a cycle before it
 //! queues (SPEC.md, "Deadlock detection"): the check visits every owner reachable from the
 //! request's blockers and reads the keys they wait on. The timed request is always the same:
-//! owner `dl-requester`, which holds a key of its own (`dl:own`, so a cycle could close on it
-//! and no "holds nothing" shortcut could skip the walk), asks with `WAIT 0` for a key it
-//! cannot have. What differs is who is already waiting ([`Waiting`]). The request queues (its
+//! owner `dl-requester`, which holds a key of its own (`dl:own`, so a cycle could close on it)
+//! that another owner, `dl-bystander`, waits for (so the module's shortcut for requesters that
+//! hold no key anyone waits for does not skip the walk; the bystander is not reachable from
+//! the request, so no cycle closes), asks with `WAIT 0` for a key it cannot have. With
+//! `contended_own` false there is no bystander, and the figure is that of the shortcut. What differs is who is already waiting ([`Waiting`]). The request queues (its
 //! reply is checked: it must be `CLIENT UNBLOCK ... ERROR`'s, not a grant or `-DEADLOCK`);
 //! then `CLIENT UNBLOCK id ERROR` takes it out again, and the next sample starts from the same
 //! state.
@@ -155,7 +157,7 @@ fn wait_for_module_waiters(c: &mut Connection, n: usize) {
     }
 }
 
-/// Queues `n` waiters (nobody waits before), `cmd(i)` each, in batches of 1000: each batch is
+/// Queues `n` waiters (after those already waiting), `cmd(i)` each, in batches of 1000: each batch is
 /// queued before the next is sent, so the requests arrive about in order (for the chain: a
 /// link queues before the links it waits for, and its own check stays short).
 fn queue_waiters(
@@ -165,11 +167,12 @@ fn queue_waiters(
     cmd: impl Fn(usize) -> Vec<String>,
 ) -> Vec<RawClients> {
     let mut out = Vec::new();
+    let base = usize::try_from(lock_waiters(c)).unwrap_or(0);
     for start in (0..n).step_by(1000) {
         let len = (n - start).min(1000);
         let mut raw = RawClients::open(server, len);
         raw.send_each(|j| cmd(start + j));
-        wait_for_module_waiters(c, start + len);
+        wait_for_module_waiters(c, base + start + len);
         out.push(raw);
     }
     out
@@ -332,7 +335,12 @@ fn take_probe_durations(c: &mut Connection, command: &str) -> Vec<f64> {
 
 /// Server time of one blocking request with `waiting` already waiting, over `samples`
 /// requests (see the module documentation).
-pub fn blocking_request(server: &Server, waiting: Waiting, samples: usize) -> CheckCost {
+pub fn blocking_request(
+    server: &Server,
+    waiting: Waiting,
+    samples: usize,
+    contended_own: bool,
+) -> CheckCost {
     let mut c = server.connect();
     flush(&mut c);
     wait_for_module_waiters(&mut c, 0);
@@ -340,6 +348,13 @@ pub fn blocking_request(server: &Server, waiting: Waiting, samples: usize) -> Ch
         &mut c,
         &["LOCK.ACQUIRE", OWN_KEY, REQUESTER, &LONG_TTL.to_string()],
     );
+    let mut bystander = None;
+    if contended_own {
+        let mut b = RawClients::open(server, 1);
+        b.send_each(|_| acquire_words(OWN_KEY, "dl-bystander"));
+        wait_for_module_waiters(&mut c, 1);
+        bystander = Some(b);
+    }
     let (request, command, raw, far) = set_up(server, &mut c, waiting);
     let waiters_before = lock_waiters(&mut c);
     let mut probe = Probe::open(server);
@@ -390,6 +405,7 @@ pub fn blocking_request(server: &Server, waiting: Waiting, samples: usize) -> Ch
     }
     drop(probe);
     drop(raw);
+    drop(bystander);
     durations.sort_by(|a, b| a.total_cmp(b));
     let mean_us = durations.iter().sum::<f64>() / durations.len().max(1) as f64;
     let p50_us = durations
