@@ -23,21 +23,6 @@ fn pairs(v: &Value) -> HashMap<String, Value> {
     }
 }
 
-fn string(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
-        Value::SimpleString(s) => s.clone(),
-        other => panic!("expected a string, got {other:?}"),
-    }
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    match v {
-        Value::Array(items) | Value::Set(items) => items.iter().map(string).collect(),
-        other => panic!("expected an array, got {other:?}"),
-    }
-}
-
 /// COMMAND DOCS for one command: its doc map.
 fn docs(c: &mut Connection, command: &str) -> HashMap<String, Value> {
     let reply = query(c, &["COMMAND", "DOCS", command]).expect("COMMAND DOCS");
@@ -58,12 +43,12 @@ fn doc_args(doc: &HashMap<String, Value>) -> Vec<(String, String, Option<String>
             let a = pairs(a);
             let optional = a
                 .get("flags")
-                .map(|f| strings(f).iter().any(|s| s == "optional"))
+                .map(|f| value_texts(f).iter().any(|s| s == "optional"))
                 .unwrap_or(false);
             (
-                string(&a["name"]),
-                string(&a["type"]),
-                a.get("token").map(string),
+                value_text(&a["name"]),
+                value_text(&a["type"]),
+                a.get("token").map(value_text),
                 optional,
             )
         })
@@ -89,12 +74,15 @@ fn command_docs_show_summary_complexity_since_and_arguments() {
             assert!(doc.contains_key(field), "{command}: no {field} in {doc:?}");
         }
         assert!(
-            string(&doc["summary"]).len() > 20,
+            value_text(&doc["summary"]).len() > 20,
             "{command} summary: {doc:?}"
         );
-        assert!(string(&doc["complexity"]).starts_with("O("), "{command}");
-        assert_eq!(string(&doc["since"]), since, "{command}");
-        assert_eq!(string(&doc["module"]), "lock", "{command}");
+        assert!(
+            value_text(&doc["complexity"]).starts_with("O("),
+            "{command}"
+        );
+        assert_eq!(value_text(&doc["since"]), since, "{command}");
+        assert_eq!(value_text(&doc["module"]), "lock", "{command}");
         let args = doc_args(&doc);
         assert_eq!(args[0].0, "key", "{command}");
         assert_eq!(args[0].1, "key", "{command}");
@@ -159,7 +147,7 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
         let Some(Value::Array(info)) = outer.first() else {
             panic!("{outer:?}")
         };
-        let flags = strings(&info[2]);
+        let flags = value_texts(&info[2]);
         assert_eq!(
             flags.iter().any(|f| f == "blocking"),
             blocking,
@@ -172,7 +160,7 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
             _ => &["COMMAND", "GETKEYS", command, "k1", "o", "1000"],
         };
         let keys = query(&mut c, words).expect("GETKEYS");
-        assert_eq!(strings(&keys), vec!["k1".to_string()], "{command}");
+        assert_eq!(value_texts(&keys), vec!["k1".to_string()], "{command}");
     }
 
     let expected: i64 = env!("CARGO_PKG_VERSION")
@@ -185,7 +173,7 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
     let lock = modules
         .iter()
         .map(pairs)
-        .find(|m| string(&m["name"]) == "lock")
+        .find(|m| value_text(&m["name"]) == "lock")
         .expect("module lock listed");
     assert_eq!(lock["ver"], Value::Int(expected));
 }

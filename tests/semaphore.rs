@@ -55,25 +55,10 @@ fn sem(c: &mut Connection, key: &str, owner: &str, capacity: u32, ttl: &str) -> 
     )
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
-        Value::SimpleString(s) => s.clone(),
-        other => panic!("expected a string, got {other:?}"),
-    }
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    match v {
-        Value::Array(items) | Value::Set(items) => items.iter().map(text).collect(),
-        other => panic!("expected an array, got {other:?}"),
-    }
-}
-
 /// LOCK.INFO `mode`.
 fn mode(c: &mut Connection, key: &str) -> String {
     let map = info(c, key).unwrap_or_else(|| panic!("{key} does not exist"));
-    text(&map["mode"])
+    value_text(&map["mode"])
 }
 
 /// LOCK.INFO `capacity` (None for a lock key or a missing key).
@@ -99,7 +84,7 @@ fn info_shape(c: &mut Connection, key: &str) -> Option<Vec<(String, Value)>> {
             items
                 .chunks(2)
                 .map(|pair| {
-                    let name = text(&pair[0]);
+                    let name = value_text(&pair[0]);
                     let mut value = pair[1].clone();
                     if name == "holders" {
                         if let Value::Array(hs) = &mut value {
@@ -600,7 +585,7 @@ fn random_clients_never_hold_more_permits_than_the_capacity() {
                             .sum(),
                         other => panic!("holders {other:?}"),
                     };
-                    let mode = text(&map["mode"]);
+                    let mode = value_text(&map["mode"]);
                     let mut problems = Vec::new();
                     if held > i64::from(*cap) {
                         problems.push(format!("{held} permits"));
@@ -919,7 +904,7 @@ fn permits_are_granted_in_queue_order_one_release_at_a_time() {
             i,
         ));
     }
-    let queue = strings(&info(&mut c, "q").unwrap()["queue"]);
+    let queue = value_texts(&info(&mut c, "q").unwrap()["queue"]);
     assert_eq!(queue, vec!["permit".to_string(); 10]);
     // Without WAIT, a newcomer does not overtake the queue.
     assert!(is_nil(&mut c, &["LOCK.SEMACQUIRE", "q", "late", "2", LONG]));
@@ -1469,7 +1454,7 @@ fn an_owner_asking_for_another_permit_queues_behind_others_and_gets_its_own_toke
     // Without WAIT the holder gets nil: no re-entry ahead of the queue.
     assert!(is_nil(&mut c, &["LOCK.SEMACQUIRE", "more", "a", "2", LONG]));
     assert_eq!(
-        strings(&info(&mut c, "more").unwrap()["queue"]),
+        value_texts(&info(&mut c, "more").unwrap()["queue"]),
         vec!["permit".to_string(), "permit".to_string()]
     );
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "more", "b"]), 0);
@@ -1953,10 +1938,10 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
         ["fence", "holders", "mode", "queue", "waiting", "delay", "capacity"]
     );
     let map = info(&mut c, "li").unwrap();
-    assert_eq!(text(&map["mode"]), "semaphore");
+    assert_eq!(value_text(&map["mode"]), "semaphore");
     assert_eq!(map["fence"], Value::Int(t));
     assert_eq!(map["waiting"], Value::Int(1));
-    assert_eq!(strings(&map["queue"]), vec!["permit".to_string()]);
+    assert_eq!(value_texts(&map["queue"]), vec!["permit".to_string()]);
     assert_eq!(map["delay"], Value::Int(0));
     assert_eq!(map["capacity"], Value::Int(2));
     let Value::Array(hs) = &map["holders"] else {
@@ -1965,7 +1950,7 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
     let Value::Array(h) = &hs[0] else {
         panic!("holder {hs:?}")
     };
-    assert_eq!(text(&h[0]), "a");
+    assert_eq!(value_text(&h[0]), "a");
     assert_eq!(h[1], Value::Int(2), "a holder's count is its permits");
     assert!(matches!(h[2], Value::Int(ttl) if ttl > 500_000 && ttl <= 600_000));
 
@@ -1975,10 +1960,12 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
     let mut c3 = client.get_connection().expect("connect");
     match query(&mut c3, &["LOCK.INFO", "li"]).unwrap() {
         Value::Map(items) => {
-            let fields: HashMap<String, Value> =
-                items.into_iter().map(|(k, v)| (text(&k), v)).collect();
+            let fields: HashMap<String, Value> = items
+                .into_iter()
+                .map(|(k, v)| (value_text(&k), v))
+                .collect();
             assert_eq!(fields["capacity"], Value::Int(2));
-            assert_eq!(text(&fields["mode"]), "semaphore");
+            assert_eq!(value_text(&fields["mode"]), "semaphore");
             assert_eq!(fields.len(), 7);
         }
         other => panic!("RESP3 LOCK.INFO: {other:?}"),
@@ -1997,7 +1984,10 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
     );
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "li", "a", "ALL"]), 0);
     waiter.token();
-    assert_eq!(text(&info(&mut c, "li").unwrap()["mode"]), "semaphore");
+    assert_eq!(
+        value_text(&info(&mut c, "li").unwrap()["mode"]),
+        "semaphore"
+    );
 }
 
 #[test]
@@ -2137,19 +2127,22 @@ fn command_docs_info_and_getkeys_for_semacquire() {
         match v {
             Value::Array(items) => items
                 .chunks(2)
-                .map(|p| (text(&p[0]), p[1].clone()))
+                .map(|p| (value_text(&p[0]), p[1].clone()))
                 .collect(),
-            Value::Map(items) => items.iter().map(|(k, v)| (text(k), v.clone())).collect(),
+            Value::Map(items) => items
+                .iter()
+                .map(|(k, v)| (value_text(k), v.clone()))
+                .collect(),
             other => panic!("expected pairs, got {other:?}"),
         }
     };
     let reply = query(&mut c, &["COMMAND", "DOCS", "lock.semacquire"]).unwrap();
     let all = pairs(&reply);
     let doc = pairs(&all["lock.semacquire"]);
-    assert!(text(&doc["summary"]).len() > 20, "{doc:?}");
-    assert!(text(&doc["complexity"]).starts_with("O("), "{doc:?}");
-    assert_eq!(text(&doc["since"]), env!("CARGO_PKG_VERSION"));
-    assert_eq!(text(&doc["module"]), "lock");
+    assert!(value_text(&doc["summary"]).len() > 20, "{doc:?}");
+    assert!(value_text(&doc["complexity"]).starts_with("O("), "{doc:?}");
+    assert_eq!(value_text(&doc["since"]), env!("CARGO_PKG_VERSION"));
+    assert_eq!(value_text(&doc["module"]), "lock");
     let Value::Array(args) = &doc["arguments"] else {
         panic!("{doc:?}")
     };
@@ -2159,12 +2152,12 @@ fn command_docs_info_and_getkeys_for_semacquire() {
             let a = pairs(a);
             let optional = a
                 .get("flags")
-                .map(|f| strings(f).iter().any(|s| s == "optional"))
+                .map(|f| value_texts(f).iter().any(|s| s == "optional"))
                 .unwrap_or(false);
             (
-                text(&a["name"]),
-                text(&a["type"]),
-                a.get("token").map(text),
+                value_text(&a["name"]),
+                value_text(&a["type"]),
+                a.get("token").map(value_text),
                 optional,
             )
         })
@@ -2196,7 +2189,7 @@ fn command_docs_info_and_getkeys_for_semacquire() {
         panic!("{outer:?}")
     };
     assert_eq!(info[1], Value::Int(-5), "arity");
-    let flags = strings(&info[2]);
+    let flags = value_texts(&info[2]);
     for flag in ["write", "blocking"] {
         assert!(flags.iter().any(|f| f == flag), "{flags:?}");
     }

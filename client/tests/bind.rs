@@ -11,29 +11,10 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-use redis_lock_client::{
-    Acquire, LockClient, LockError, Outcome, Redlock, Watchdog, BOUND_CLIENT_NAME,
-};
+use redis_lock_client::{Acquire, LockClient, LockError, Outcome, Redlock, Watchdog};
 use redis_lock_testkit::{
-    holders, info, int, query, text_reply, wait_until, waiting, Connection, Server, Value, PATIENCE,
+    holders, info, int, query, wait_until, waiting, Connection, Server, Value, PATIENCE,
 };
-
-/// The `CLIENT LIST` lines of the server's bound connections, as (id, line).
-fn bound_clients(c: &mut Connection) -> Vec<(i64, String)> {
-    let list = text_reply(query(c, &["CLIENT", "LIST"])).expect("CLIENT LIST");
-    let name = format!("name={BOUND_CLIENT_NAME} ");
-    list.lines()
-        .filter(|l| l.contains(&name))
-        .map(|l| {
-            let id = l
-                .split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .and_then(|v| v.parse().ok())
-                .expect("id field");
-            (id, l.to_string())
-        })
-        .collect()
-}
 
 fn bound_ids(c: &mut Connection) -> Vec<i64> {
     bound_clients(c).into_iter().map(|(id, _)| id).collect()

@@ -9,11 +9,9 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-use redis_lock_client::{
-    Acquire, LockClient, LockError, LockGuard, Mode, Outcome, Watchdog, BOUND_CLIENT_NAME,
-};
+use redis_lock_client::{Acquire, LockClient, LockError, LockGuard, Mode, Outcome, Watchdog};
 use redis_lock_testkit::{
-    holders, info, int, query, text_reply, wait_until, waiting, Connection, Server, Value, PATIENCE,
+    holders, info, int, query, wait_until, waiting, Connection, Server, Value, PATIENCE,
 };
 
 const LONG: Duration = Duration::from_secs(60);
@@ -238,23 +236,6 @@ fn extend_and_the_watchdog_keep_a_permit_past_its_ttl() {
     let lost = rx.recv_timeout(PATIENCE).expect("loss reported");
     assert_eq!(lost.key, "wd");
     assert!(guard.is_lost());
-}
-
-/// The `CLIENT LIST` ids and lines of the server's bound connections.
-fn bound_clients(c: &mut Connection) -> Vec<(i64, String)> {
-    let list = text_reply(query(c, &["CLIENT", "LIST"])).expect("CLIENT LIST");
-    let name = format!("name={BOUND_CLIENT_NAME} ");
-    list.lines()
-        .filter(|l| l.contains(&name))
-        .map(|l| {
-            let id = l
-                .split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .and_then(|v| v.parse().ok())
-                .expect("id field");
-            (id, l.to_string())
-        })
-        .collect()
 }
 
 #[test]

@@ -125,3 +125,20 @@ pub fn grant_many(c: &mut Connection, prefix: &str, n: usize) -> i64 {
     max = max.max(int(c, &["LOCK.RWREAD", &shared, "reader", "600000"]));
     max
 }
+
+/// A bulk or simple string reply as text, panicking with the reply otherwise.
+pub fn value_text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
+        Value::SimpleString(s) => s.clone(),
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+/// An array (or set) of strings as texts, panicking with the reply otherwise.
+pub fn value_texts(v: &Value) -> Vec<String> {
+    match v {
+        Value::Array(items) | Value::Set(items) => items.iter().map(value_text).collect(),
+        other => panic!("expected an array, got {other:?}"),
+    }
+}

@@ -48,18 +48,7 @@ pub fn spawn_waiter(
     words: &[&str],
     expect_waiting: i64,
 ) -> Waiter {
-    let mut conn = server.client();
-    let words: Vec<String> = words.iter().map(|s| s.to_string()).collect();
-    let key = words[1].clone();
-    let sent = words.clone();
-    let handle = thread::spawn(move || {
-        let refs: Vec<&str> = sent.iter().map(|s| s.as_str()).collect();
-        query(&mut conn, &refs)
-    });
-    wait_until(&format!("waiter queued on {key}"), || {
-        waiting(observer, &key) == expect_waiting
-    });
-    Waiter { handle, words }
+    spawn_waiter_in(server, observer, "0", words, expect_waiting)
 }
 
 /// [`spawn_waiter`] in database `db`: the request's connection selects it first (the
