@@ -357,10 +357,28 @@ fn random_operations_never_grant_conflicting_holds() {
         &early[..early.len().min(3)]
     );
     assert!(grants > 100, "too few grants to mean anything: {grants}");
+    // For a failure: the kills and DELs around the first overlap, on this process's clock.
+    let around = |(a, _): &(Hold, Hold)| {
+        let (from, to) = (a.sent, a.end);
+        let kills: Vec<_> = history
+            .kills
+            .iter()
+            .filter(|(_, s, r)| *r >= from && *s <= to)
+            .map(|(id, s, r)| (id, s.duration_since(from), r.duration_since(from)))
+            .collect();
+        let dels: Vec<_> = history
+            .dels
+            .iter()
+            .filter(|(k, s, r)| *k == a.key && *r >= from && *s <= to)
+            .map(|(_, s, r)| (s.duration_since(from), r.duration_since(from)))
+            .collect();
+        format!("kills (id, sent, reply after the first hold's request): {kills:?}; DELs of its key: {dels:?}")
+    };
     assert!(
         overlaps.is_empty(),
-        "conflicting holds overlapped: {:?}",
-        &overlaps[..overlaps.len().min(3)]
+        "conflicting holds overlapped: {:?}\n{}",
+        &overlaps[..overlaps.len().min(3)],
+        overlaps.first().map(around).unwrap_or_default()
     );
     assert!(
         misordered.is_empty(),
