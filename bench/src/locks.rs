@@ -28,6 +28,22 @@ pub trait Lock: Send + Sync {
     fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd;
 }
 
+/// Tries `attempt` every `poll` until it succeeds or `timeout` has passed (the sleep-and-retry
+/// loop of polling locks and semaphores).
+fn poll_until(timeout: Duration, poll: Duration, mut attempt: impl FnMut() -> bool) -> bool {
+    let give_up = Instant::now() + timeout;
+    loop {
+        if attempt() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            return false;
+        }
+        std::thread::sleep(poll.min(give_up - now));
+    }
+}
+
 fn is_int(v: redis::RedisResult<Value>) -> bool {
     matches!(v, Ok(Value::Int(_)))
 }
@@ -125,17 +141,9 @@ impl Lock for SetNx {
         ttl_ms: u64,
         timeout: Duration,
     ) -> bool {
-        let give_up = Instant::now() + timeout;
-        loop {
-            if self.try_acquire(c, key, owner, ttl_ms) {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= give_up {
-                return false;
-            }
-            std::thread::sleep(self.poll.min(give_up - now));
-        }
+        poll_until(timeout, self.poll, || {
+            self.try_acquire(c, key, owner, ttl_ms)
+        })
     }
     fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
         let sha = self.sha.get().expect("prepared");
@@ -403,17 +411,9 @@ impl Lock for ZsetSemaphore {
         ttl_ms: u64,
         timeout: Duration,
     ) -> bool {
-        let give_up = Instant::now() + timeout;
-        loop {
-            if self.try_acquire(c, key, owner, ttl_ms) {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= give_up {
-                return false;
-            }
-            std::thread::sleep(self.poll.min(give_up - now));
-        }
+        poll_until(timeout, self.poll, || {
+            self.try_acquire(c, key, owner, ttl_ms)
+        })
     }
     fn release(&self, c: &mut Connection, key: &str, owner: &str) -> bool {
         matches!(
