@@ -1,0 +1,202 @@
+"""Test kit: real servers with the module, on free loopback ports.
+
+The server binary comes from ``REDIS_LOCK_SERVER`` (default ``redis-server``) and the module
+from ``REDIS_LOCK_MODULE`` (default: the repository's ``target/debug/libredis_lock.so``), the
+same variables as the Rust tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER = os.environ.get("REDIS_LOCK_SERVER", "redis-server")
+MODULE = os.path.abspath(
+    os.environ.get("REDIS_LOCK_MODULE", str(REPO / "target" / "debug" / "libredis_lock.so"))
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> Any:
+    """Polls ``cond`` until it returns something true; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Server:
+    """One server process with the module loaded."""
+
+    def __init__(self, *extra: str, cluster: bool = False, module: bool = True) -> None:
+        self.module = module
+        if module and not os.path.exists(MODULE):
+            raise RuntimeError(f"module not found at {MODULE} (set REDIS_LOCK_MODULE or run cargo build --features test-hooks)")
+        self.dir = tempfile.mkdtemp(prefix="redis-lock-py-")
+        self.extra = list(extra)
+        self.cluster = cluster
+        self.port = 0
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.paused = False
+        self.start()
+
+    def start(self) -> None:
+        for attempt in range(5):
+            self.port = free_port()
+            args = [
+                SERVER,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", self.dir,
+                "--logfile", os.path.join(self.dir, "server.log"),
+            ]
+            if self.module:
+                args += ["--loadmodule", MODULE]
+            if self.cluster:
+                args += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf")]
+            args += self.extra
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    c = redis.Redis(port=self.port, socket_timeout=1)
+                    if c.ping():
+                        c.close()
+                        return
+                except redis.RedisError:
+                    time.sleep(0.02)
+            self.stop()
+        raise RuntimeError(f"{SERVER} did not start; log: {self.log()}")
+
+    def log(self) -> str:
+        try:
+            return Path(self.dir, "server.log").read_text()[-2000:]
+        except OSError:
+            return ""
+
+    def client(self, **kw: Any) -> "redis.Redis[bytes]":
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.proc is not None and self.paused:
+            self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.resume()
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Cluster:
+    """Three masters on loopback (``--cluster-enabled yes`` and ``redis-cli --cluster create``),
+    the module loaded on each."""
+
+    def __init__(self) -> None:
+        self.nodes = [Server(cluster=True) for _ in range(3)]
+        cli = shutil.which("redis-cli") or shutil.which("valkey-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli (or valkey-cli) is needed to create the cluster")
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+
+        def ok() -> bool:
+            for n in self.nodes:
+                c = n.client(socket_timeout=2)
+                try:
+                    info = c.execute_command("CLUSTER", "INFO")
+                    text = info.decode() if isinstance(info, bytes) else str(info)
+                    if "cluster_state:ok" not in text:
+                        return False
+                finally:
+                    c.close()
+            return True
+
+        wait_for(ok, 30, 0.1, "cluster_state:ok")
+
+    def client(self, **kw: Any) -> Any:
+        from redis.cluster import RedisCluster
+
+        return RedisCluster(host="127.0.0.1", port=self.nodes[0].port, **kw)
+
+    def close(self) -> None:
+        for n in self.nodes:
+            n.close()
+
+
+def spawn_holder(code: str) -> "subprocess.Popen[str]":
+    """A Python child process that runs ``code`` (with ``redis`` and ``redis_lock_client``
+    importable) and prints ``held`` once it holds its lock."""
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    line: List[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        line.append(proc.stdout.readline())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(20)
+    if not line or line[0].strip() != "held":
+        proc.kill()
+        err = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"holder process did not take its lock: {line!r} {err}")
+    return proc
