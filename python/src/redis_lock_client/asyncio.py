@@ -756,7 +756,7 @@ class _Instance:
         else:
             asyncio.ensure_future(conn.disconnect())
 
-    async def request(self, args: List[Any], link: Any = None, on_timeout: Optional[List[Any]] = None) -> Tuple[_Outcome, Any]:
+    async def request(self, args: List[Any], link: Any = None, on_timeout: Optional[List[Any]] = None, keep: bool = False) -> Tuple[_Outcome, Any]:
         conn = link if link is not None else self.take()
         try:
             reply = await _call(conn, args, self.timeout, self.timeout)
@@ -769,7 +769,7 @@ class _Instance:
             return _Outcome("unreachable", f"{type(e).__name__}: {e}"), None
         else:
             out = _Outcome("ok", reply)
-        if link is None:
+        if link is None and not keep:
             self.put(conn)
             return out, None
         return out, conn
@@ -875,7 +875,7 @@ class Redlock:
             started = time.monotonic()
             args = req.args(self.name, owner, None)
             rel = release_args(self.name, owner)
-            results = await self._scatter(lambda i: self.instances[i].request(args, links[i] if links else None, rel))
+            results = await self._scatter(lambda i: self.instances[i].request(args, links[i] if links else None, rel, links is not None))
             elapsed = time.monotonic() - started
             outcomes: List[_Outcome] = []
             for i, (out, conn) in enumerate(results):

@@ -104,7 +104,7 @@ class _Instance:
                 return
         conn.disconnect()
 
-    def request(self, args: List[Any], link: Any = None, on_timeout: Optional[List[Any]] = None) -> Tuple[Outcome, Any]:
+    def request(self, args: List[Any], link: Any = None, on_timeout: Optional[List[Any]] = None, keep: bool = False) -> Tuple[Outcome, Any]:
         """Sends ``args`` over ``link`` (a bound hold's connection) or a pooled connection.
         Returns the outcome and the connection that is still usable (None when it was given
         up: an unanswered acquire is abandoned behind ``on_timeout``, a release)."""
@@ -120,7 +120,7 @@ class _Instance:
             return Outcome("unreachable", f"{type(e).__name__}: {e}"), None
         else:
             out = Outcome("ok", reply)
-        if link is None:
+        if link is None and not keep:
             self.put(conn)
             return out, None
         return out, conn
@@ -253,7 +253,7 @@ class Redlock:
             started = time.monotonic()
             args = req.args(self.name, owner, None)
             rel = release_args(self.name, owner)
-            results = self._scatter(lambda i: self.instances[i].request(args, links[i] if links else None, rel))
+            results = self._scatter(lambda i: self.instances[i].request(args, links[i] if links else None, rel, links is not None))
             elapsed = time.monotonic() - started
             outcomes: List[Outcome] = []
             for i, (out, conn) in enumerate(results):

@@ -1,0 +1,107 @@
+"""A Redis Cluster of three masters on loopback, the module loaded on each: locks on keys of
+every node through redis-py's RedisCluster (sync and asyncio), waits on the owning node."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Dict, List
+
+import redis.asyncio.cluster
+
+import kit
+from kit import wait_for
+from redis_lock_client import Lock, ReadLock, Semaphore
+from redis_lock_client import asyncio as alock
+
+
+def keys_on_every_node(rc: Any) -> List[str]:
+    """One key per master."""
+    found: Dict[str, str] = {}
+    i = 0
+    while len(found) < 3:
+        key = f"lock:{i}"
+        node = rc.get_node_from_key(key)
+        found.setdefault(node.name, key)
+        i += 1
+    return list(found.values())
+
+
+def flush(cluster: kit.Cluster) -> None:
+    for n in cluster.nodes:
+        c = n.client()
+        c.flushall()
+        c.close()
+
+
+def test_cluster_locks_sync(cluster: kit.Cluster) -> None:
+    flush(cluster)
+    rc = cluster.client()
+    keys = keys_on_every_node(rc)
+    for key in keys:
+        lock = rc.lock(key, timeout=10, lock_class=Lock)
+        assert lock.acquire()
+        assert lock.owned() and lock.locked()
+        assert lock.extend(5) and lock.reacquire()
+        other = Lock(rc, key, timeout=10, blocking_timeout=10, thread_local=False)
+        out: Dict[str, Any] = {}
+        t = threading.Thread(target=lambda: out.setdefault("got", other.acquire()))
+        t.start()
+        wait_for(lambda: lock.info().waiting == 1, 10, what=f"a waiter on {key}")  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        lock.release()
+        t.join(10)
+        assert out["got"] is True
+        assert time.monotonic() - t0 < 5
+        assert other.owned()
+        other.release()
+        # The key really lives on its slot's node.
+        node = rc.get_node_from_key(key)
+        direct = redis.Redis(host=node.host, port=node.port)
+        assert direct.exists(key) == 0
+        r2 = Lock(rc, key, timeout=10)
+        r2.acquire()
+        assert direct.exists(key) == 1
+        r2.release()
+        direct.close()
+    # Read-write and semaphores, and a bound (timeout=None) lock.
+    rw = ReadLock(rc, keys[0], timeout=10)
+    assert rw.acquire() and ReadLock(rc, keys[0], timeout=10).acquire()
+    sem = Semaphore(rc, keys[1], 1, timeout=10)
+    assert sem.acquire() and not Semaphore(rc, keys[1], 1, timeout=10).acquire(blocking=False)
+    bound = Lock(rc, keys[2])
+    assert bound.acquire()
+    bound.local.hold.conn.disconnect()
+    wait_for(lambda: not bound.locked(), 10, what="the bound hold to end")
+    rc.close()
+
+
+def test_cluster_locks_asyncio(cluster: kit.Cluster) -> None:
+    flush(cluster)
+
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        await rc.initialize()
+        keys = keys_on_every_node(rc)
+        for key in keys:
+            lock = alock.Lock(rc, key, timeout=10)
+            assert await lock.acquire()
+            assert await lock.owned()
+            assert await lock.extend(5)
+            other = alock.Lock(rc, key, timeout=10, blocking_timeout=10, thread_local=False)
+            task = asyncio.ensure_future(other.acquire())
+            deadline = time.monotonic() + 10
+            while ((await lock.info()) or lock).waiting != 1:  # type: ignore[union-attr]
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            await lock.release()
+            assert await task is True
+            await other.release()
+        bound = alock.Lock(rc, keys[0])
+        assert await bound.acquire()
+        await bound.release()
+        assert not await bound.locked()
+        await rc.aclose() if hasattr(rc, "aclose") else await rc.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
