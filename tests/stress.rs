@@ -5,8 +5,9 @@
 //! and a monitor PINGs throughout. Every grant is recorded as a *definite* hold interval, from
 //! the grant's reply arriving to the earliest of: the release being sent, the request being sent
 //! plus the TTL (after an EXTEND: the extend being sent plus its TTL), a DEL that may have run
-//! after the grant, or (for a BIND hold) a CLIENT KILL of its connection that may have run after
-//! the grant. The server held the lock for that owner during all of that interval, so:
+//! after the grant, or (for a BIND hold) the close of its connection that may have run after
+//! the grant: a CLIENT KILL from the chaos thread, or the worker dropping the connection (after
+//! an error, and when it stops at the deadline while other workers still wait). The server held the lock for that owner during all of that interval, so:
 //! - two conflicting definite intervals (a writer and anyone else) on one key must not overlap;
 //! - when one grant's reply arrived before another grant's request was sent on the same key,
 //!   the server granted it first, so its token must be smaller;
@@ -67,8 +68,24 @@ struct History {
     holds: Vec<Hold>,
     /// (key, DEL sent, DEL reply received): it ran somewhere in between.
     dels: Vec<(usize, Instant, Instant)>,
-    /// (client id, CLIENT KILL sent, its reply received).
-    kills: Vec<(i64, Instant, Instant)>,
+    /// Connections closed: (client id, close started, close done). A CLIENT KILL (sent, its
+    /// reply received) or a worker dropping its connection (before and after the drop; the
+    /// server sees the close after it started). Every close ends the connection's bound holds.
+    closes: Vec<(i64, Instant, Instant)>,
+    /// How many of the closes were CLIENT KILLs.
+    kills: usize,
+}
+
+/// Drops a worker's connection `conn` (client id `id`) and records the close: the server ends
+/// the connection's bound holds when it sees it, after the drop started.
+fn close(history: &Mutex<History>, conn: Connection, id: i64) {
+    let started = Instant::now();
+    drop(conn);
+    history
+        .lock()
+        .unwrap()
+        .closes
+        .push((id, started, Instant::now()));
 }
 
 fn connect(server: &Server, ids: &Mutex<HashMap<usize, i64>>, me: usize) -> (Connection, i64) {
@@ -159,6 +176,8 @@ fn random_operations_never_grant_conflicting_holds() {
                         Err(e)
                             if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() =>
                         {
+                            // Killed: the close is already recorded, the drop changes nothing.
+                            close(&history, conn, conn_id);
                             (conn, conn_id) = connect(server, &ids, w);
                             continue;
                         }
@@ -199,6 +218,9 @@ fn random_operations_never_grant_conflicting_holds() {
                         released,
                     });
                 }
+                // The other workers may still be waiting: this close ends bound holds that
+                // this worker abandoned with time left on their leases.
+                close(&history, conn, conn_id);
             });
         }
         // Chaos: kill random workers' connections, delete random keys.
@@ -228,11 +250,9 @@ fn random_operations_never_grant_conflicting_holds() {
                         if let Some(id) = victim {
                             let sent = Instant::now();
                             let _ = query(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
-                            history
-                                .lock()
-                                .unwrap()
-                                .kills
-                                .push((id, sent, Instant::now()));
+                            let mut history = history.lock().unwrap();
+                            history.closes.push((id, sent, Instant::now()));
+                            history.kills += 1;
                         }
                     }
                 }
@@ -270,8 +290,9 @@ fn random_operations_never_grant_conflicting_holds() {
     // reply came after the grant's request was sent may have run after the grant, as early as
     // max(DEL sent, request sent). Cut the definite interval there (possibly to nothing).
     // A DEL also ends a lock-delay: a hold with a DEL anywhere near it is left out of the delay
-    // check. A CLIENT KILL of a bound hold's connection ends the hold like a DEL would, and
-    // starts its delay (no earlier than the kill was sent: the definite end covers that).
+    // check. A close of a bound hold's connection (CLIENT KILL, or the worker's drop) ends the
+    // hold like a DEL would, and starts its delay (no earlier than the close started: the
+    // definite end covers that).
     let mut delay_checked = vec![true; holds.len()];
     for (i, h) in holds.iter_mut().enumerate() {
         for (key, del_sent, del_reply) in &history.dels {
@@ -283,9 +304,9 @@ fn random_operations_never_grant_conflicting_holds() {
             }
         }
         if let Some(id) = h.bound {
-            for (killed, kill_sent, kill_reply) in &history.kills {
-                if *killed == id && *kill_reply > h.sent && *kill_sent < h.end {
-                    h.end = h.end.min((*kill_sent).max(h.sent));
+            for (closed, close_started, close_done) in &history.closes {
+                if *closed == id && *close_done > h.sent && *close_started < h.end {
+                    h.end = h.end.min((*close_started).max(h.sent));
                 }
             }
         }
@@ -296,8 +317,8 @@ fn random_operations_never_grant_conflicting_holds() {
         if a.delay.is_zero() || a.released || !delay_checked[i] {
             continue;
         }
-        // The server starts the delay on its truncated millisecond clock: from a kill, as early
-        // as 1 ms before the kill was sent by this process's clock (a lease end already has the
+        // The server starts the delay on its truncated millisecond clock: from a close, as early
+        // as 1 ms before the close started by this process's clock (a lease end already has the
         // margin in `end`).
         let delay_end = a.end + a.delay - CLOCK_MARGIN;
         // The first grant requested after `a` was granted: it had to wait for the delay.
@@ -340,11 +361,12 @@ fn random_operations_never_grant_conflicting_holds() {
         .count();
     eprintln!(
         "stress: {seconds} s, {} operations, {grants} grants ({writes} exclusive, {bound} bound, \
-         {delayed} abandoned with a lock-delay, {after_delay} grants after one), {} DELs, {} kills, max PING {:?}, \
+         {delayed} abandoned with a lock-delay, {after_delay} grants after one), {} DELs, {} kills, {} closes in all, max PING {:?}, \
          {} PING failures, {} overlaps, {} misordered tokens, {} grants inside a lock-delay",
         ops.load(Ordering::Relaxed),
         history.dels.len(),
-        history.kills.len(),
+        history.kills,
+        history.closes.len(),
         *max_ping.lock().unwrap(),
         ping_failures.load(Ordering::Relaxed),
         overlaps.len(),
@@ -357,11 +379,11 @@ fn random_operations_never_grant_conflicting_holds() {
         &early[..early.len().min(3)]
     );
     assert!(grants > 100, "too few grants to mean anything: {grants}");
-    // For a failure: the kills and DELs around the first overlap, on this process's clock.
+    // For a failure: the closes and DELs around the first overlap, on this process's clock.
     let around = |(a, _): &(Hold, Hold)| {
         let (from, to) = (a.sent, a.end);
-        let kills: Vec<_> = history
-            .kills
+        let closes: Vec<_> = history
+            .closes
             .iter()
             .filter(|(_, s, r)| *r >= from && *s <= to)
             .map(|(id, s, r)| (id, s.duration_since(from), r.duration_since(from)))
@@ -372,7 +394,7 @@ fn random_operations_never_grant_conflicting_holds() {
             .filter(|(k, s, r)| *k == a.key && *r >= from && *s <= to)
             .map(|(_, s, r)| (s.duration_since(from), r.duration_since(from)))
             .collect();
-        format!("kills (id, sent, reply after the first hold's request): {kills:?}; DELs of its key: {dels:?}")
+        format!("connection closes (id, started, done after the first hold's request): {closes:?}; DELs of its key: {dels:?}")
     };
     assert!(
         overlaps.is_empty(),
