@@ -7,7 +7,8 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick fuzz
+.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick fuzz \
+	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run
 
 all: build
 
@@ -49,6 +50,7 @@ test-server:
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client
+	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-python
 
 # Benchmarks: the module against SET NX + polling and a Lua fair lock, in one run, on a server
 # the tool starts itself. With two or more CPUs the server runs on CPU 0 and the clients on 1.
@@ -58,6 +60,7 @@ bench: deps
 	$(CARGO) build --release
 	$(CARGO) build --release -p redis-lock-bench
 	$(BENCH_PIN) target/release/lock-bench --out docs/benchmarks.md
+	$(MAKE) bench-python-run
 
 # Same measurements, fewer samples (under 2 minutes); writes target/bench-quick/benchmarks.md.
 bench-quick: deps
@@ -80,9 +83,63 @@ lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features test-hooks -- -D warnings
+	$(MAKE) lint-python
 
 fmt:
 	$(CARGO) fmt
 
 clean:
 	$(CARGO) clean
+
+# Python client (python/, distribution redis-lock-client). Its tests and tools run in a virtual
+# environment under target/ (Debian's system pip refuses global installs); it is made once and
+# re-made only when python/pyproject.toml or python/requirements-dev.txt change (the stamp), so
+# a repeated `make test` does not go to PyPI. The package is installed editable: the tests see
+# the working tree.
+PY_VENV := target/python-venv
+PY := $(PY_VENV)/bin/python
+PY_STAMP := $(PY_VENV)/.installed
+PYTHON3 ?= python3
+
+python-venv: $(PY_STAMP)
+
+$(PY_STAMP): python/pyproject.toml python/requirements-dev.txt
+	@test -x $(PY) || $(PYTHON3) -m venv $(PY_VENV) || { echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r python/requirements-dev.txt -e ./python
+	@touch $@
+
+# Against real servers started by the tests: SERVER (or REDIS_LOCK_SERVER) names the binary,
+# REDIS_LOCK_MODULE the module (default: the debug build with test hooks, built here when the
+# variable is not set).
+test-python: python-venv
+	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
+	@echo "== python tests ($$($(PY) -c 'import redis; print("redis-py", redis.__version__)')) on $${REDIS_LOCK_SERVER:-$(SERVER)}"
+	REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)} \
+		$(PY) -m pytest -q -p no:cacheprovider python/tests
+
+# The same tests with redis-py 5 (the oldest supported), in a second environment.
+PY5_VENV := target/python-venv-redis5
+test-python-redis5:
+	@test -f $(PY5_VENV)/.installed || { $(PYTHON3) -m venv $(PY5_VENV) && \
+		$(PY5_VENV)/bin/python -m pip install -q 'redis>=5,<6' pytest -e ./python && touch $(PY5_VENV)/.installed; }
+	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
+	REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)} \
+		$(PY5_VENV)/bin/python -m pytest -q -p no:cacheprovider python/tests
+
+# Every file parses as Python 3.8 and the package type-checks with mypy --strict.
+lint-python: python-venv
+	$(PY) -m compileall -q python/src python/tests python/bench python/tools
+	$(PY) python/tools/check_syntax.py python/src python/tests python/bench python/tools
+	cd python && ../$(PY) -m mypy --strict src
+
+# The Python client against redis-py's Lock and python-redis-lock (installed into the venv for
+# this only), on a server with the release build. `make bench` runs it after lock-bench; it
+# replaces its own section at the end of docs/benchmarks.md.
+bench-python: deps
+	$(CARGO) build --release
+	$(MAKE) bench-python-run
+
+bench-python-run: python-venv
+	@test -f $(PY_VENV)/.bench-installed || { $(PY) -m pip install -q python-redis-lock && touch $(PY_VENV)/.bench-installed; }
+	REDIS_LOCK_MODULE=$(CURDIR)/$(MODULE) $(PY) python/bench/bench.py --out docs/benchmarks.md
