@@ -338,8 +338,8 @@ impl Wire for BoundLink {
         match self.read_line(deadline) {
             Ok(line) => match parse_line(&line) {
                 Ok(Reply::Value(v)) => Ok(v),
-                Ok(Reply::Error(e)) => Err((Outcome::Refused(e), true)),
-                Err(e) => Err((Outcome::Refused(e), false)),
+                Ok(Reply::Error(e)) => Err((Outcome::from_error_text(e), true)),
+                Err(e) => Err((Outcome::from_error_text(e), false)),
             },
             Err(ReadFail::Timeout) => timed_out(self),
             Err(ReadFail::Broken(e)) => Err((Outcome::Unreachable(e), false)),
@@ -473,7 +473,7 @@ impl Links {
                 Some(conn) => self.put_back(i, conn),
                 None => {
                     let why = match &results[i] {
-                        Err(Outcome::Unreachable(e) | Outcome::Refused(e)) => e.clone(),
+                        Err(o) => o.error_text().unwrap_or("connection lost").to_string(),
                         _ => "connection lost".into(),
                     };
                     self.kill(i, why);

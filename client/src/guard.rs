@@ -38,7 +38,7 @@ type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
 /// it reports the loss as soon as fewer than a quorum of them are open.
 #[derive(Clone)]
 pub struct Watchdog {
-    fraction: f64,
+    pub(crate) fraction: f64,
     on_lost: Option<LostCallback>,
     notify: Option<Sender<LostLock>>,
 }
@@ -50,6 +50,18 @@ impl Default for Watchdog {
 }
 
 impl Watchdog {
+    /// Reports a loss through the callback and the channel (the caller makes sure it is once).
+    pub(crate) fn report(&self, lost: LostLock) {
+        if let Some(f) = &self.on_lost {
+            f(&lost);
+        }
+        if let Some(tx) = &self.notify {
+            let _ = tx.send(lost);
+        }
+    }
+
+    /// A watchdog extending every third of the ttl, reporting nowhere (see
+    /// [`Watchdog::on_lost`], [`Watchdog::notify`]).
     pub fn new() -> Self {
         Watchdog {
             fraction: 1.0 / 3.0,
@@ -190,10 +202,7 @@ impl State {
         let gone = outcomes
             .iter()
             .enumerate()
-            .filter(|(i, o)| {
-                matches!(o, Outcome::Refused(_))
-                    || self.links.as_ref().is_some_and(|l| !l.is_alive(*i))
-            })
+            .filter(|(i, o)| o.is_refusal() || self.links.as_ref().is_some_and(|l| !l.is_alive(*i)))
             .count();
         let disconnected = self
             .links
@@ -293,6 +302,7 @@ impl State {
 /// The guard holds under its own random owner token ([`LockGuard::owner`]), so its release
 /// ends exactly its own hold (for a semaphore: its one permit); with an explicit owner
 /// ([`Acquire::owner`]) it drops one hold of that owner.
+#[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     state: Arc<State>,
     watchdog: Option<JoinHandle<()>>,
@@ -343,6 +353,19 @@ impl LockGuard {
     /// the one given with [`Acquire::owner`].
     pub fn owner(&self) -> &str {
         &self.state.owner
+    }
+
+    /// How many holds this guard's owner has of the key on the (first granting) server, read
+    /// with `LOCK.INFO`: 1 for a guard of its own random owner, more when guards of one
+    /// explicit owner ([`Acquire::owner`], [`crate::OwnerIdentity::Fixed`]) re-entered it; 0
+    /// once the hold is gone.
+    pub fn hold_count(&self) -> Result<u64, LockError> {
+        let i = self.state.tokens.first().map_or(0, |(i, _)| *i);
+        Ok(self
+            .state
+            .servers
+            .info(i, &self.state.key)?
+            .map_or(0, |info| info.hold_count(&self.state.owner)))
     }
 
     /// Write, read, or a permit of a semaphore (with its capacity).

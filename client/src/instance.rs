@@ -32,7 +32,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Cmd, Connection, ConnectionLike, IntoConnectionInfo, Value};
+use redis::{Client, Cmd, Connection, ConnectionInfo, ConnectionLike, IntoConnectionInfo, Value};
 
 /// What one server answered to one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,10 +41,62 @@ pub enum Outcome {
     Granted(u64),
     /// Held by someone else (the command replied nil).
     Held,
-    /// The server answered with an error (NOTOWNER, DEADLOCK, WRONGTYPE, ...).
+    /// `-NOTOWNER`: the owner does not hold the lock there (never did, released, expired, or
+    /// the key was deleted). The error text follows.
+    NotOwner(String),
+    /// `-DEADLOCK`: the request would deadlock (an upgrade of a read hold, or a wait closing a
+    /// cycle of waiting owners).
+    Deadlock(String),
+    /// `-MAXWAITERS`: the wait queue of the key (or the server's waiter limit) is full.
+    MaxWaiters(String),
+    /// `-WRONGKIND`: a permit asked of a lock key, or a lock of a semaphore key.
+    WrongKind(String),
+    /// The semaphore key has another capacity than the one asked.
+    CapacityMismatch(String),
+    /// The server answered with another error (WRONGTYPE, ERR, ...), or an unexpected reply.
     Refused(String),
     /// No answer: connection refused, reset or timed out.
     Unreachable(String),
+}
+
+impl Outcome {
+    /// The typed answer for an error reply's text: `CODE detail` (or `-CODE detail`, or the
+    /// `CODE: detail` that the `redis` crate prints).
+    pub fn from_error_text(text: impl Into<String>) -> Outcome {
+        let text = text.into();
+        let trimmed = text.trim_start().trim_start_matches('-');
+        let code = trimmed.split([' ', ':']).next().unwrap_or_default();
+        match code {
+            "NOTOWNER" => Outcome::NotOwner(text),
+            "DEADLOCK" => Outcome::Deadlock(text),
+            "MAXWAITERS" => Outcome::MaxWaiters(text),
+            "WRONGKIND" => Outcome::WrongKind(text),
+            "ERR" if trimmed.contains("the semaphore has another capacity") => {
+                Outcome::CapacityMismatch(text)
+            }
+            _ => Outcome::Refused(text),
+        }
+    }
+
+    /// The server answered with an error of any kind (every variant but `Granted`, `Held` and
+    /// `Unreachable`).
+    pub fn is_refusal(&self) -> bool {
+        self.error_text().is_some() && !matches!(self, Outcome::Unreachable(_))
+    }
+
+    /// The text of an error reply, or of the failure to reach the server.
+    pub fn error_text(&self) -> Option<&str> {
+        match self {
+            Outcome::Granted(_) | Outcome::Held => None,
+            Outcome::NotOwner(t)
+            | Outcome::Deadlock(t)
+            | Outcome::MaxWaiters(t)
+            | Outcome::WrongKind(t)
+            | Outcome::CapacityMismatch(t)
+            | Outcome::Refused(t)
+            | Outcome::Unreachable(t) => Some(t),
+        }
+    }
 }
 
 /// Which pool a request draws its connection from.
@@ -87,7 +139,11 @@ impl Instance {
     /// bounds connecting, authenticating and each reply (a blocking request's reply also gets
     /// its wait). Fails only on a malformed URL: the server is contacted on first use.
     pub fn new(url: &str, timeout: Duration) -> redis::RedisResult<Self> {
-        let mut info = url.into_connection_info()?;
+        Self::from_info(url.into_connection_info()?, timeout)
+    }
+
+    /// The same from parsed connection settings (as a `redis::Client` holds them).
+    pub fn from_info(mut info: ConnectionInfo, timeout: Duration) -> redis::RedisResult<Self> {
         let username = info.redis.username.take();
         let password = info.redis.password.take();
         let db = std::mem::take(&mut info.redis.db);
@@ -125,7 +181,7 @@ impl Instance {
     }
 
     /// Opens a connection with every step bounded by the timeout.
-    fn connect(&self) -> redis::RedisResult<Connection> {
+    pub(crate) fn connect(&self) -> redis::RedisResult<Connection> {
         let mut conn = self.client.get_connection_with_timeout(self.timeout)?;
         conn.set_read_timeout(Some(self.timeout))?;
         conn.set_write_timeout(Some(self.timeout))?;
@@ -207,7 +263,7 @@ impl Wire for Connection {
                 if is_io(&e) {
                     (Outcome::Unreachable(e.to_string()), false)
                 } else {
-                    (Outcome::Refused(e.to_string()), false)
+                    (Outcome::from_error_text(e.to_string()), false)
                 }
             })
     }
@@ -373,7 +429,7 @@ pub(crate) fn exchange<W: Wire>(
                 .max(Duration::from_millis(1))
         });
         *result = Some(match conn.recv(left) {
-            Ok(Value::ServerError(e)) => Err(Outcome::Refused(format!(
+            Ok(Value::ServerError(e)) => Err(Outcome::from_error_text(format!(
                 "{} {}",
                 e.code(),
                 e.details().unwrap_or("")

@@ -182,8 +182,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 mod bound;
 mod guard;
+mod info;
 mod instance;
 
 use std::sync::Arc;
@@ -196,6 +199,7 @@ use crate::bound::BoundLink;
 use crate::instance::millis;
 pub use bound::BOUND_CLIENT_NAME;
 pub use guard::{LockGuard, LostLock, Watchdog};
+pub use info::{Holder, LockInfo, OwnerIdentity};
 pub use instance::{Instance, Outcome};
 
 /// What a guard holds: an exclusive (write) lock, a shared (read) lock, or one permit of a
@@ -223,6 +227,8 @@ pub struct Acquire {
     pub(crate) lock_delay: Option<Duration>,
     /// `None`: a fresh random owner per guard (the default).
     pub(crate) owner: Option<String>,
+    /// `WAIT n timeout` after the grant ([`Acquire::min_replicas`]).
+    pub(crate) min_replicas: Option<(u32, Duration)>,
 }
 
 /// The largest lock-delay the module accepts: 2^47 ms.
@@ -230,7 +236,7 @@ const MAX_LOCK_DELAY_MS: u128 = 1 << 47;
 /// The largest semaphore capacity the module accepts: 2^31 - 1.
 pub const MAX_CAPACITY: u32 = (1 << 31) - 1;
 /// The longest owner the module accepts, in bytes.
-const MAX_OWNER_LEN: usize = 1024;
+pub(crate) const MAX_OWNER_LEN: usize = 1024;
 
 impl Acquire {
     /// An exclusive lock held for `ttl` unless extended.
@@ -243,6 +249,7 @@ impl Acquire {
             bind: false,
             lock_delay: None,
             owner: None,
+            min_replicas: None,
         }
     }
 
@@ -301,6 +308,18 @@ impl Acquire {
     /// [`LockError::InvalidRequest`] before anything is sent.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
+        self
+    }
+
+    /// After the grant, waits (Redis `WAIT replicas timeout`, on the connection that carried the
+    /// grant) until at least `replicas` replicas acknowledged it, at most `timeout`. If fewer
+    /// did, the hold is released and the acquire fails with
+    /// [`LockError::ReplicasNotAcknowledged`]: a failover to a replica that never saw the grant
+    /// would otherwise hand the lock out twice. One server only ([`LockClient`] and the async
+    /// single-server client); [`Redlock`], a bound request and a cluster client refuse it with
+    /// [`LockError::InvalidRequest`].
+    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replicas = Some((replicas, timeout));
         self
     }
 
@@ -363,6 +382,12 @@ impl Acquire {
                 );
             }
         }
+        if self.min_replicas.is_some() && self.bind {
+            return invalid(
+                "min_replicas cannot be combined with bind(): it needs a connection of its own"
+                    .into(),
+            );
+        }
         if let Some(delay) = self.lock_delay {
             match self.mode {
                 Mode::Write => {}
@@ -394,7 +419,7 @@ impl Acquire {
 
     /// LOCK.ACQUIRE / LOCK.RWREAD / LOCK.SEMACQUIRE with its options; `wait` is the
     /// server-side WAIT.
-    fn command(&self, key: &str, owner: &str, wait: Option<Duration>) -> Cmd {
+    pub(crate) fn command(&self, key: &str, owner: &str, wait: Option<Duration>) -> Cmd {
         let mut cmd = match self.mode {
             Mode::Write => redis::cmd("LOCK.ACQUIRE"),
             Mode::Read => redis::cmd("LOCK.RWREAD"),
@@ -456,6 +481,23 @@ pub enum LockError {
     /// A bound lock: its connections to too many instances closed, which ended the hold there
     /// (the causes name them).
     Disconnected { causes: Vec<(String, Outcome)> },
+    /// The server refused to queue the waiting request (`-MAXWAITERS`): the key's wait queue
+    /// (`lock.max-waiters`) or the server's waiter limit is full. Retry later.
+    MaxWaiters { causes: Vec<(String, Outcome)> },
+    /// The owner does not hold the lock (`-NOTOWNER`): an extend or release of a hold that
+    /// expired, was released, or whose key was deleted. The async guard reports a lost lock
+    /// with it; the sync guard reports it as `Held` (as before this variant existed).
+    NotOwner { causes: Vec<(String, Outcome)> },
+    /// The lock was granted but fewer replicas than asked ([`Acquire::min_replicas`])
+    /// acknowledged it within the timeout: the grant was released again.
+    ReplicasNotAcknowledged {
+        /// Replicas asked for.
+        wanted: u32,
+        /// Replicas that acknowledged the grant in time.
+        acknowledged: u32,
+        /// The server.
+        causes: Vec<(String, Outcome)>,
+    },
     /// The request was refused before anything was sent (for example a lock-delay on a read
     /// lock).
     InvalidRequest { reason: String },
@@ -472,20 +514,26 @@ impl LockError {
             | LockError::WrongKind { causes }
             | LockError::CapacityMismatch { causes }
             | LockError::Expired { causes }
-            | LockError::Disconnected { causes } => causes,
+            | LockError::Disconnected { causes }
+            | LockError::MaxWaiters { causes }
+            | LockError::NotOwner { causes }
+            | LockError::ReplicasNotAcknowledged { causes, .. } => causes,
             LockError::InvalidRequest { .. } => &[],
         }
     }
 
     /// The request itself was refused (by a server, or before anything was sent): trying it
-    /// again unchanged gets the same answer.
-    fn is_refusal(&self) -> bool {
+    /// again unchanged gets the same answer (`MaxWaiters` may pass later, once the queue
+    /// shrinks).
+    pub fn is_refusal(&self) -> bool {
         matches!(
             self,
             LockError::Refused { .. }
                 | LockError::Deadlock { .. }
                 | LockError::WrongKind { .. }
                 | LockError::CapacityMismatch { .. }
+                | LockError::MaxWaiters { .. }
+                | LockError::NotOwner { .. }
                 | LockError::InvalidRequest { .. }
         )
     }
@@ -506,6 +554,23 @@ impl std::fmt::Display for LockError {
             }
             LockError::Expired { .. } => "lock validity ran out",
             LockError::Disconnected { .. } => "bound lock's connections closed",
+            LockError::MaxWaiters { .. } => "lock request refused: the wait queue is full",
+            LockError::NotOwner { .. } => "the owner does not hold the lock",
+            LockError::ReplicasNotAcknowledged {
+                wanted,
+                acknowledged,
+                ..
+            } => {
+                write!(
+                    f,
+                    "lock granted but only {acknowledged} of {wanted} replicas acknowledged it \
+                     in time (released):"
+                )?;
+                for (name, outcome) in self.causes() {
+                    write!(f, " [{name}: {outcome:?}]")?;
+                }
+                return Ok(());
+            }
             LockError::InvalidRequest { reason } => {
                 return write!(f, "invalid lock request: {reason}");
             }
@@ -612,6 +677,30 @@ impl Servers {
         }
     }
 
+    /// `LOCK.INFO key` on server `i`.
+    pub(crate) fn info(&self, i: usize, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let mut cmd = redis::cmd("LOCK.INFO");
+        cmd.arg(key);
+        let cmds: Vec<Option<Cmd>> = (0..self.instances.len())
+            .map(|j| (j == i).then(|| cmd.clone()))
+            .collect();
+        let name = self
+            .instances
+            .get(i)
+            .map(|s| s.name().to_string())
+            .unwrap_or_default();
+        let reply = instance::scatter_gather(&self.instances, &cmds, None)
+            .into_iter()
+            .nth(i)
+            .unwrap_or_else(|| Err(Outcome::Unreachable("no such server".into())));
+        match reply {
+            Ok(v) => LockInfo::from_reply(&v).map_err(|e| LockError::Refused {
+                causes: vec![(name, Outcome::Refused(e))],
+            }),
+            Err(o) => Err(classify(&[(name, o)], 1)),
+        }
+    }
+
     /// LOCK.EXTEND everywhere: Granted where the owner still holds the lock.
     pub(crate) fn extend(&self, key: &str, owner: &str, ttl: Duration) -> Vec<Outcome> {
         self.run(&extend_cmd(key, owner, ttl), None)
@@ -643,7 +732,7 @@ impl Servers {
     }
 }
 
-fn acquire_outcome(r: Result<Value, Outcome>) -> Outcome {
+pub(crate) fn acquire_outcome(r: Result<Value, Outcome>) -> Outcome {
     match r {
         Ok(Value::Int(t)) => Outcome::Granted(u64::try_from(t).unwrap_or(0)),
         Ok(Value::Nil) => Outcome::Held,
@@ -698,19 +787,21 @@ pub fn drift(ttl: Duration) -> Duration {
 }
 
 fn random_owner() -> String {
-    format!("{:032x}", rand::thread_rng().gen::<u128>())
+    info::random_hex()
 }
 
 /// A lock client for one Redis server with the module loaded.
 ///
-/// One `LockClient` can be shared by any number of threads (it is `Send + Sync`; wrap it in an
-/// `Arc` or borrow it in scoped threads): short commands go through one connection (a further
+/// One `LockClient` can be shared by any number of threads (it is `Send + Sync`, and cheap to
+/// clone: clones share the connections): short commands go through one connection (a further
 /// one only while two run at the same moment) and every waiting acquire through a connection
 /// of its own, so a wait never delays another thread's request, nor the extends and releases of
 /// this client's guards. A bound acquire has a connection of its own for the guard's whole
 /// life. See the [crate documentation](crate#connections).
+#[derive(Clone)]
 pub struct LockClient {
     servers: Arc<Servers>,
+    owner: OwnerIdentity,
 }
 
 impl LockClient {
@@ -722,15 +813,50 @@ impl LockClient {
                 instances: vec![Instance::new(url, timeout)?],
                 quorum: 1,
             }),
+            owner: OwnerIdentity::Random,
         })
+    }
+
+    /// A client for the server an existing `redis::Client` connects to (its address, login,
+    /// database and TLS settings); the lock client opens connections of its own.
+    pub fn from_client(client: &redis::Client, timeout: Duration) -> redis::RedisResult<Self> {
+        Ok(LockClient {
+            servers: Arc::new(Servers {
+                instances: vec![Instance::from_info(
+                    client.get_connection_info().clone(),
+                    timeout,
+                )?],
+                quorum: 1,
+            }),
+            owner: OwnerIdentity::Random,
+        })
+    }
+
+    /// How this client names owners when a request names none (see [`OwnerIdentity`]); the
+    /// clone returned shares the connections. Fails on an owner the server would refuse.
+    pub fn with_owner(&self, owner: OwnerIdentity) -> Result<Self, LockError> {
+        owner.check()?;
+        Ok(LockClient {
+            servers: Arc::clone(&self.servers),
+            owner,
+        })
+    }
+
+    /// `LOCK.INFO key`: holders (owner, hold count, ttl), mode, queue; `None` when the key
+    /// does not exist.
+    pub fn info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        self.servers.info(0, key)
     }
 
     /// Acquires a lock, or a semaphore permit, as `request` says. Waiting is done by the server
     /// (FIFO queue).
-    pub fn acquire(&self, key: &str, request: Acquire) -> Result<LockGuard, LockError> {
+    pub fn acquire(&self, key: &str, mut request: Acquire) -> Result<LockGuard, LockError> {
+        let owner = self.owner.apply(&mut request);
         request.check()?;
-        let owner = request.owner.clone().unwrap_or_else(random_owner);
         let started = Instant::now();
+        if request.min_replicas.is_some() {
+            return self.acquire_replicated(key, owner, request, started);
+        }
         let mut links = request.bind.then(|| no_links(1));
         let outcomes = match links.as_mut() {
             Some(links) => self
@@ -748,6 +874,19 @@ impl LockClient {
                 return Err(classify(&causes, 1));
             }
         };
+        Ok(self.guard(key, owner, request, token, started, links))
+    }
+
+    /// The guard of a grant; `started` is when the request was sent.
+    fn guard(
+        &self,
+        key: &str,
+        owner: String,
+        request: Acquire,
+        token: u64,
+        started: Instant,
+        links: Option<Vec<Option<BoundLink>>>,
+    ) -> LockGuard {
         // The server starts the lease when it grants. Without WAIT that is after `started`,
         // so `started + ttl` is a safe lower bound of the expiry. With WAIT the grant is
         // replied the moment it happens, so it is the reply's arrival less the reply's transit,
@@ -759,7 +898,7 @@ impl LockClient {
         let deadline = deadline
             .checked_sub(SINGLE_SERVER_MARGIN)
             .unwrap_or_else(Instant::now);
-        Ok(LockGuard::new(
+        LockGuard::new(
             Arc::clone(&self.servers),
             key,
             owner,
@@ -767,7 +906,63 @@ impl LockClient {
             vec![(0, token)],
             deadline,
             links,
-        ))
+        )
+    }
+
+    /// An acquire with [`Acquire::min_replicas`]: the grant and `WAIT` on one connection of
+    /// their own (Redis's `WAIT` counts the writes of the connection it is sent on).
+    fn acquire_replicated(
+        &self,
+        key: &str,
+        owner: String,
+        request: Acquire,
+        started: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let (replicas, timeout) = request.min_replicas.unwrap_or_default();
+        let instance = &self.servers.instances[0];
+        let name = instance.name().to_string();
+        let unreachable = |e: String| LockError::Unreachable {
+            causes: vec![(name.clone(), Outcome::Unreachable(e))],
+        };
+        let mut conn = instance.connect().map_err(|e| unreachable(e.to_string()))?;
+        let margin = instance.timeout() + instance::WAIT_REPLY_MARGIN;
+        let read = request.wait.map_or(margin, |w| w.saturating_add(margin));
+        conn.set_read_timeout(Some(read))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let reply = request
+            .command(key, &owner, request.wait)
+            .query::<Value>(&mut conn);
+        let outcome = acquire_outcome(reply.map_err(|e| {
+            if e.is_io_error() || e.is_timeout() {
+                Outcome::Unreachable(e.to_string())
+            } else {
+                Outcome::from_error_text(e.to_string())
+            }
+        }));
+        let Outcome::Granted(token) = outcome else {
+            return Err(classify(&[(name, outcome)], 1));
+        };
+        let guard = self.guard(key, owner, request, token, started, None);
+        let _ = conn.set_read_timeout(Some(timeout.saturating_add(margin)));
+        let acked = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(millis(timeout))
+            .query::<i64>(&mut conn);
+        match acked {
+            Ok(n) if n >= i64::from(replicas) => Ok(guard),
+            Ok(n) => {
+                let _ = guard.release();
+                Err(LockError::ReplicasNotAcknowledged {
+                    wanted: replicas,
+                    acknowledged: u32::try_from(n).unwrap_or(0),
+                    causes: vec![(name, Outcome::Granted(token))],
+                })
+            }
+            Err(e) => {
+                let _ = guard.release();
+                Err(unreachable(format!("WAIT failed: {e}")))
+            }
+        }
     }
 
     /// Exclusive lock now, or `LockError::Held`.
@@ -815,9 +1010,9 @@ impl LockClient {
 
 /// With one server there is no cross-server drift, but the client's and the server's clocks
 /// still run separately: a margin kept off every single-server lease.
-const SINGLE_SERVER_MARGIN: Duration = Duration::from_millis(2);
+pub(crate) const SINGLE_SERVER_MARGIN: Duration = Duration::from_millis(2);
 /// Allowance for the transit of a waited grant's reply (see `LockClient::acquire`).
-const WAITED_GRANT_MARGIN: Duration = Duration::from_millis(5);
+pub(crate) const WAITED_GRANT_MARGIN: Duration = Duration::from_millis(5);
 
 /// What an error reply of a server means to the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -826,35 +1021,34 @@ enum Refusal {
     Deadlock,
     WrongKind,
     CapacityMismatch,
+    MaxWaiters,
+    NotOwner,
     Other,
 }
 
-/// Reads the kind of an error reply from its text: `CODE detail` (or `-CODE detail`, or the
-/// `CODE: detail` that the `redis` crate prints), as [`Outcome::Refused`] carries it.
-fn refusal(text: &str) -> Refusal {
-    let text = text.trim_start().trim_start_matches('-');
-    let code = text.split([' ', ':']).next().unwrap_or_default();
-    match code {
-        "DEADLOCK" => Refusal::Deadlock,
-        "WRONGKIND" => Refusal::WrongKind,
-        "ERR" if text.contains("the semaphore has another capacity") => Refusal::CapacityMismatch,
-        _ => Refusal::Other,
-    }
+/// The kind of an error answer (typed, or read from the text of an untyped `Refused`).
+fn refusal(outcome: &Outcome) -> Option<Refusal> {
+    Some(match outcome {
+        Outcome::Deadlock(_) => Refusal::Deadlock,
+        Outcome::WrongKind(_) => Refusal::WrongKind,
+        Outcome::CapacityMismatch(_) => Refusal::CapacityMismatch,
+        Outcome::MaxWaiters(_) => Refusal::MaxWaiters,
+        Outcome::NotOwner(_) => Refusal::NotOwner,
+        Outcome::Refused(text) => match Outcome::from_error_text(text.as_str()) {
+            Outcome::Refused(_) => Refusal::Other,
+            typed => return refusal(&typed),
+        },
+        Outcome::Granted(_) | Outcome::Held | Outcome::Unreachable(_) => return None,
+    })
 }
 
 /// Names the failure from what the instances answered, given the quorum needed.
-fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
+pub(crate) fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
     let reachable = causes
         .iter()
         .filter(|(_, o)| !matches!(o, Outcome::Unreachable(_)))
         .count();
-    let refused = causes
-        .iter()
-        .filter_map(|(_, o)| match o {
-            Outcome::Refused(text) => Some(refusal(text)),
-            _ => None,
-        })
-        .min();
+    let refused = causes.iter().filter_map(|(_, o)| refusal(o)).min();
     let causes = causes.to_vec();
     if reachable < quorum {
         return LockError::Unreachable { causes };
@@ -863,6 +1057,8 @@ fn classify(causes: &[(String, Outcome)], quorum: usize) -> LockError {
         Some(Refusal::Deadlock) => LockError::Deadlock { causes },
         Some(Refusal::WrongKind) => LockError::WrongKind { causes },
         Some(Refusal::CapacityMismatch) => LockError::CapacityMismatch { causes },
+        Some(Refusal::MaxWaiters) => LockError::MaxWaiters { causes },
+        Some(Refusal::NotOwner) => LockError::NotOwner { causes },
         Some(Refusal::Other) => LockError::Refused { causes },
         None => LockError::Held { causes },
     }
@@ -888,6 +1084,7 @@ const REDLOCK_NO_OWNER: &str = "Redlock does not take an explicit owner: a faile
 /// never wait for one another. Its acquire never blocks on a server (waiting on one server
 /// while holding another could deadlock): with `wait` it retries client-side, after a random
 /// delay.
+#[derive(Clone)]
 pub struct Redlock {
     servers: Arc<Servers>,
     retry_delay: (Duration, Duration),
@@ -942,6 +1139,13 @@ impl Redlock {
         if request.owner.is_some() {
             return Err(LockError::InvalidRequest {
                 reason: REDLOCK_NO_OWNER.into(),
+            });
+        }
+        if request.min_replicas.is_some() {
+            return Err(LockError::InvalidRequest {
+                reason: "Redlock does not take min_replicas: its safety comes from a majority of \
+                         independent servers, not from replication"
+                    .into(),
             });
         }
         let same_owner = random_owner();
@@ -1065,13 +1269,23 @@ mod tests {
         ));
         for text in [
             "WRONGTYPE Operation against a key holding the wrong kind of value",
-            "MAXWAITERS the lock's wait queue is full",
             "ERR capacity must be between 1 and 2147483647",
-            "NOTOWNER the owner does not hold this lock",
             "DEADLOCKED not our code",
         ] {
             assert!(matches!(one(text), LockError::Refused { .. }), "{text}");
         }
+        assert!(matches!(
+            one("MAXWAITERS the lock's wait queue is full"),
+            LockError::MaxWaiters { .. }
+        ));
+        assert!(matches!(
+            one("NOTOWNER the owner does not hold this lock"),
+            LockError::NotOwner { .. }
+        ));
+        assert_eq!(
+            Outcome::from_error_text("MAXWAITERS: full"),
+            Outcome::MaxWaiters("MAXWAITERS: full".into())
+        );
         let e = one("DEADLOCK x");
         assert_eq!(e.causes().len(), 1);
         assert!(e.to_string().contains("deadlock"), "{e}");

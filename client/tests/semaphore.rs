@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-use redis_lock_client::{Acquire, LockClient, LockError, LockGuard, Mode, Outcome, Watchdog};
+use redis_lock_client::{Acquire, LockClient, LockError, LockGuard, Mode, Watchdog};
 use redis_lock_testkit::{
     holders, info, int, query, wait_until, waiting, Connection, Server, Value, PATIENCE,
 };
@@ -46,7 +46,7 @@ fn one_each(guards: &[&LockGuard]) -> Vec<(String, i64)> {
 /// The first server's error text in a refusal.
 fn refusal_text(e: &LockError) -> String {
     match e.causes().first() {
-        Some((_, Outcome::Refused(text))) => text.clone(),
+        Some((_, o)) if o.is_refusal() => o.error_text().unwrap_or_default().to_string(),
         other => panic!("{e}: first cause {other:?}"),
     }
 }

@@ -1,0 +1,846 @@
+//! The async API, on tokio (cargo feature `tokio`): [`AsyncLockClient`] and
+//! [`AsyncLockGuard`], with the same [`Acquire`] requests, [`Watchdog`]s and [`LockError`]s as
+//! the sync client.
+//!
+//! # Connections
+//!
+//! An [`AsyncLockClient`] is cheap to clone and can be shared by any number of tasks and
+//! threads: clones share one multiplexed connection (opened on first use, reopened after an
+//! I/O failure) for every request the server answers at once: try-acquires, extends, releases,
+//! `LOCK.INFO`. A request that makes the server wait (an acquire with [`Acquire::wait`], or
+//! with [`Acquire::min_replicas`], whose `WAIT` blocks its connection) never goes over the
+//! shared connection, where it would hold up every other request behind it: it takes a
+//! dedicated connection from a small pool of idle ones (or opens one), and puts it back after
+//! a complete reply. A dedicated connection whose reply did not come in time, or whose request
+//! was cancelled (the acquire future dropped), is closed, which also takes its waiter out of
+//! the server's queue.
+//!
+//! With the cargo feature `cluster`, [`AsyncLockClient::cluster`] speaks to a Redis Cluster
+//! through the `redis` crate's cluster client (slot routing by key, `MOVED` and `ASK`
+//! followed): the same API, with dedicated cluster connections for waits.
+//!
+//! # Guards
+//!
+//! An [`AsyncLockGuard`] releases its hold on [`AsyncLockGuard::release`], or when dropped: the
+//! drop never blocks the runtime, it spawns the release on the runtime the guard was acquired
+//! on (best effort: a release that cannot run, for instance because the runtime is shutting
+//! down, leaves the hold to its ttl). A [`Watchdog`] runs as a task that extends the lease and
+//! reports a loss. [`AsyncLockGuard::lost_signal`] hands out a [`LostSignal`], a future-based
+//! signal that fires once the lock is lost (the watchdog found the owner no longer holds it,
+//! or its validity ran out), for a `select!` next to the work the lock protects;
+//! [`AsyncLockClient::using`] wraps all of this around a closure.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::{aio::AsyncLockClient, Acquire};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = AsyncLockClient::new("redis://127.0.0.1:6379/", Duration::from_millis(500))?;
+//! let report = client
+//!     .using("reports:daily", Acquire::write(Duration::from_secs(10)).wait(Duration::from_secs(5)),
+//!         |lost| async move {
+//!             tokio::select! {
+//!                 _ = lost.lost() => Err("lock lost: stopped early"),
+//!                 _ = tokio::time::sleep(Duration::from_secs(1)) => Ok("report written"),
+//!             }
+//!         })
+//!     .await?;
+//! # let _ = report;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Cmd, Value};
+use tokio::sync::watch;
+
+use crate::info::OwnerIdentity;
+use crate::instance::WAIT_REPLY_MARGIN;
+use crate::{
+    acquire_outcome, classify, drift, extend_cmd, millis, release_cmd, release_one_cmd, Acquire,
+    LockError, LockInfo, LostLock, Mode, Outcome, Watchdog, SINGLE_SERVER_MARGIN,
+    WAITED_GRANT_MARGIN,
+};
+
+/// Idle dedicated connections kept for waits.
+const MAX_IDLE: usize = 8;
+
+/// A connection of either kind; both are multiplexed and cheap to clone.
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
+/// Where the client connects.
+enum Target {
+    Single(redis::Client),
+    #[cfg(feature = "cluster")]
+    Cluster {
+        /// With a response timeout: for the shared connection.
+        shared: Box<redis::cluster::ClusterClient>,
+        /// Without one (waits are bounded by the client): for dedicated connections.
+        waits: Box<redis::cluster::ClusterClient>,
+    },
+}
+
+struct Inner {
+    target: Target,
+    /// `host:port` (the first node for a cluster), as errors name the server.
+    name: String,
+    timeout: Duration,
+    shared: tokio::sync::Mutex<Option<Conn>>,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl Inner {
+    fn idle(&self) -> MutexGuard<'_, Vec<Conn>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a connection: `dedicated` ones have no response timeout of their own (the caller
+    /// bounds each request), the shared one has the client's timeout.
+    async fn open(&self, dedicated: bool) -> redis::RedisResult<Conn> {
+        let connect = async {
+            match &self.target {
+                Target::Single(client) => {
+                    let mut config =
+                        AsyncConnectionConfig::new().set_connection_timeout(self.timeout);
+                    if !dedicated {
+                        config = config.set_response_timeout(self.timeout);
+                    }
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map(Conn::Single)
+                }
+                #[cfg(feature = "cluster")]
+                Target::Cluster { shared, waits } => {
+                    let client = if dedicated { waits } else { shared };
+                    client.get_async_connection().await.map(Conn::Cluster)
+                }
+            }
+        };
+        // A cluster connection fetches the slot map first: allow a few round trips.
+        match tokio::time::timeout(self.timeout * 4, connect).await {
+            Ok(r) => r,
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::IoError,
+                "connect timed out",
+            ))),
+        }
+    }
+
+    async fn shared(&self) -> Result<Conn, Outcome> {
+        let mut slot = self.shared.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let conn = self.open(false).await.map_err(|e| unreachable(&e))?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// A short command over the shared connection, bounded by the timeout. After an I/O
+    /// failure the shared connection is reopened by the next request.
+    async fn short(&self, cmd: &Cmd) -> Result<Value, Outcome> {
+        let mut conn = self.shared().await?;
+        let reply = tokio::time::timeout(self.timeout + WAIT_REPLY_MARGIN, conn.query(cmd)).await;
+        match reply {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if !is_io(&e) => Err(Outcome::from_error_text(e.to_string())),
+            Ok(Err(e)) => {
+                *self.shared.lock().await = None;
+                Err(unreachable(&e))
+            }
+            Err(_) => {
+                *self.shared.lock().await = None;
+                Err(Outcome::Unreachable("no reply in time".into()))
+            }
+        }
+    }
+
+    async fn dedicated(&self) -> Result<Conn, Outcome> {
+        let idle = self.idle().pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => self.open(true).await.map_err(|e| unreachable(&e)),
+        }
+    }
+
+    fn put_back(&self, conn: Conn) {
+        let mut idle = self.idle();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
+
+fn is_io(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+fn unreachable(e: &redis::RedisError) -> Outcome {
+    Outcome::Unreachable(e.to_string())
+}
+
+/// A command on a dedicated connection, with its reply bounded by `bound`. `Ok(conn)` with the
+/// result when the connection can carry another request.
+async fn on_dedicated(
+    mut conn: Conn,
+    cmd: &Cmd,
+    bound: Duration,
+) -> (Option<Conn>, Result<Value, Outcome>) {
+    match tokio::time::timeout(bound, conn.query(cmd)).await {
+        Ok(Ok(v)) => (Some(conn), Ok(v)),
+        Ok(Err(e)) if !is_io(&e) => (Some(conn), Err(Outcome::from_error_text(e.to_string()))),
+        Ok(Err(e)) => (None, Err(unreachable(&e))),
+        Err(_) => (None, Err(Outcome::Unreachable("no reply in time".into()))),
+    }
+}
+
+/// An async lock client for one Redis server with the module, or (feature `cluster`) a Redis
+/// Cluster whose masters all load it. Clone it freely: clones share connections. See the
+/// [module documentation](self).
+#[derive(Clone)]
+pub struct AsyncLockClient {
+    inner: Arc<Inner>,
+    owner: OwnerIdentity,
+}
+
+impl AsyncLockClient {
+    /// A client for `url` (`redis://[user:password@]host:port/db`, or `rediss://` with the
+    /// `tls` feature). `timeout` bounds connecting and each reply (a waiting acquire's reply
+    /// may also take its wait and a one-second margin). Fails only on a malformed URL: the
+    /// server is contacted on first use.
+    pub fn new(url: &str, timeout: Duration) -> redis::RedisResult<Self> {
+        Ok(Self::from_client(redis::Client::open(url)?, timeout))
+    }
+
+    /// A client over an existing `redis::Client` (its address, login, database and TLS
+    /// settings; for instance one made with `redis::Client::build_with_tls`).
+    pub fn from_client(client: redis::Client, timeout: Duration) -> Self {
+        let name = client.get_connection_info().addr.to_string();
+        Self::with_target(Target::Single(client), name, timeout)
+    }
+
+    /// A client for a Redis Cluster reached through any of `nodes` (URLs as for
+    /// [`AsyncLockClient::new`]): each key's commands go to the master of its slot, `MOVED`
+    /// and `ASK` are followed. Every master must load the module. [`Acquire::min_replicas`]
+    /// is refused.
+    #[cfg(feature = "cluster")]
+    pub fn cluster<S: AsRef<str>>(nodes: &[S], timeout: Duration) -> redis::RedisResult<Self> {
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let shared = redis::cluster::ClusterClient::builder(nodes.clone())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()?;
+        let waits = redis::cluster::ClusterClient::builder(nodes.clone())
+            .connection_timeout(timeout)
+            .build()?;
+        let name = nodes.first().map(|n| n.to_string()).unwrap_or_default();
+        Ok(Self::with_target(
+            Target::Cluster {
+                shared: Box::new(shared),
+                waits: Box::new(waits),
+            },
+            name,
+            timeout,
+        ))
+    }
+
+    fn with_target(target: Target, name: String, timeout: Duration) -> Self {
+        AsyncLockClient {
+            inner: Arc::new(Inner {
+                target,
+                name,
+                timeout: timeout.max(Duration::from_millis(1)),
+                shared: tokio::sync::Mutex::new(None),
+                idle: Mutex::new(Vec::new()),
+            }),
+            owner: OwnerIdentity::Random,
+        }
+    }
+
+    /// How this client names owners when a request names none (see [`OwnerIdentity`]); the
+    /// clone returned shares the connections. Fails on an owner the server would refuse.
+    pub fn with_owner(&self, owner: OwnerIdentity) -> Result<Self, LockError> {
+        owner.check()?;
+        Ok(AsyncLockClient {
+            inner: Arc::clone(&self.inner),
+            owner,
+        })
+    }
+
+    fn is_cluster(&self) -> bool {
+        !matches!(self.inner.target, Target::Single(_))
+    }
+
+    fn named(&self, outcome: Outcome) -> Vec<(String, Outcome)> {
+        vec![(self.inner.name.clone(), outcome)]
+    }
+
+    /// `LOCK.INFO key`: holders (owner, hold count, ttl), mode, queue; `None` when the key
+    /// does not exist.
+    pub async fn info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let mut cmd = redis::cmd("LOCK.INFO");
+        cmd.arg(key);
+        match self.inner.short(&cmd).await {
+            Ok(v) => LockInfo::from_reply(&v).map_err(|e| LockError::Refused {
+                causes: self.named(Outcome::Refused(e)),
+            }),
+            Err(o) => Err(classify(&self.named(o), 1)),
+        }
+    }
+
+    /// Acquires a lock, or a semaphore permit, as `request` says. Waiting is done by the server
+    /// (FIFO queue) on a dedicated connection. [`Acquire::bind`] is not supported by the async
+    /// client ([`LockError::InvalidRequest`]; use [`crate::LockClient`]).
+    ///
+    /// Cancelling the returned future (dropping it, as a `select!` does) while it waits closes
+    /// its connection, which takes the waiter out of the server's queue; a grant that was
+    /// already on its way is then left to its ttl.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        mut request: Acquire,
+    ) -> Result<AsyncLockGuard, LockError> {
+        let owner = self.owner.apply(&mut request);
+        request.check()?;
+        if request.bind {
+            return Err(LockError::InvalidRequest {
+                reason: "the async client does not bind holds to connections; use LockClient"
+                    .into(),
+            });
+        }
+        if request.min_replicas.is_some() && self.is_cluster() {
+            return Err(LockError::InvalidRequest {
+                reason: "min_replicas is not supported on a cluster client".into(),
+            });
+        }
+        let started = Instant::now();
+        let cmd = request.command(key, &owner, request.wait);
+        let dedicated = request.wait.is_some() || request.min_replicas.is_some();
+        let (conn, reply) = if dedicated {
+            let conn = match self.inner.dedicated().await {
+                Ok(c) => c,
+                Err(o) => return Err(classify(&self.named(o), 1)),
+            };
+            let bound = request
+                .wait
+                .unwrap_or_default()
+                .saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
+            on_dedicated(conn, &cmd, bound).await
+        } else {
+            (None, self.inner.short(&cmd).await)
+        };
+        let outcome = acquire_outcome(reply);
+        let Outcome::Granted(token) = outcome else {
+            if let Some(conn) = conn {
+                self.inner.put_back(conn);
+            }
+            return Err(classify(&self.named(outcome), 1));
+        };
+        // As for the sync client: a grant without WAIT starts after `started`; a waited grant
+        // is replied at once, so it started at the reply's arrival less its transit.
+        let deadline = match request.wait {
+            None => started + request.ttl,
+            Some(_) => Instant::now() + request.ttl.saturating_sub(WAITED_GRANT_MARGIN),
+        };
+        let deadline = deadline
+            .checked_sub(SINGLE_SERVER_MARGIN)
+            .unwrap_or_else(Instant::now);
+        let min_replicas = request.min_replicas;
+        let guard = AsyncLockGuard::new(self.clone(), key, owner, request, token, deadline);
+        let Some((replicas, timeout)) = min_replicas else {
+            if let Some(conn) = conn {
+                self.inner.put_back(conn);
+            }
+            return Ok(guard);
+        };
+        // Redis's WAIT counts the writes of the connection it is sent on: the grant's.
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(millis(timeout));
+        let acked = match conn {
+            Some(conn) => {
+                let bound = timeout.saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
+                let (conn, reply) = on_dedicated(conn, &wait, bound).await;
+                if let Some(conn) = conn {
+                    self.inner.put_back(conn);
+                }
+                reply
+            }
+            None => Err(Outcome::Unreachable(
+                "the grant's connection is gone".into(),
+            )),
+        };
+        match acked {
+            Ok(Value::Int(n)) if n >= i64::from(replicas) => Ok(guard),
+            Ok(Value::Int(n)) => {
+                let _ = guard.release().await;
+                Err(LockError::ReplicasNotAcknowledged {
+                    wanted: replicas,
+                    acknowledged: u32::try_from(n).unwrap_or(0),
+                    causes: self.named(Outcome::Granted(token)),
+                })
+            }
+            other => {
+                let _ = guard.release().await;
+                let why = match other {
+                    Err(o) => o.error_text().unwrap_or_default().to_string(),
+                    Ok(v) => format!("unexpected WAIT reply {v:?}"),
+                };
+                Err(LockError::Unreachable {
+                    causes: self.named(Outcome::Unreachable(format!("WAIT failed: {why}"))),
+                })
+            }
+        }
+    }
+
+    /// Exclusive lock now, or [`LockError::Held`].
+    pub async fn try_lock(&self, key: &str, ttl: Duration) -> Result<AsyncLockGuard, LockError> {
+        self.acquire(key, Acquire::write(ttl)).await
+    }
+
+    /// Exclusive lock, waiting up to `wait`.
+    pub async fn lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, LockError> {
+        self.acquire(key, Acquire::write(ttl).wait(wait)).await
+    }
+
+    /// Shared lock now, or [`LockError::Held`].
+    pub async fn try_read(&self, key: &str, ttl: Duration) -> Result<AsyncLockGuard, LockError> {
+        self.acquire(key, Acquire::read(ttl)).await
+    }
+
+    /// Shared lock, waiting up to `wait`.
+    pub async fn read(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, LockError> {
+        self.acquire(key, Acquire::read(ttl).wait(wait)).await
+    }
+
+    /// One permit of the semaphore `key` of `capacity` permits, waiting up to `wait` (FIFO).
+    pub async fn permit(
+        &self,
+        key: &str,
+        capacity: u32,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, LockError> {
+        self.acquire(key, Acquire::permit(capacity, ttl).wait(wait))
+            .await
+    }
+
+    /// Acquires as `request` says (with a [`Watchdog`] added when it has none), runs `work`
+    /// with a [`LostSignal`] of the hold, then releases it and returns what `work` returned.
+    /// The signal fires if the lock is lost while `work` runs (its key deleted, its lease
+    /// ended): `work` should `select!` on [`LostSignal::lost`] next to what it does and stop
+    /// early. If `work` panics or is cancelled, the guard's drop releases the hold.
+    pub async fn using<T, F, Fut>(
+        &self,
+        key: &str,
+        request: Acquire,
+        work: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(LostSignal) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let request = if request.watchdog.is_none() {
+            request.watchdog(Watchdog::new())
+        } else {
+            request
+        };
+        let guard = self.acquire(key, request).await?;
+        let out = work(guard.lost_signal()).await;
+        // A release that fails leaves the hold to its ttl; `work`'s result stands.
+        let _ = guard.release().await;
+        Ok(out)
+    }
+
+    /// Sends a raw command over the shared connection (what the client uses for short
+    /// requests): for comparisons and tools, such as timing a bare `LOCK.ACQUIRE`.
+    pub async fn raw(&self, cmd: &Cmd) -> Result<Value, LockError> {
+        self.inner
+            .short(cmd)
+            .await
+            .map_err(|o| classify(&self.named(o), 1))
+    }
+}
+
+/// The lease as far as the client knows it (see the sync guard's `Lease`).
+struct Lease {
+    valid_until: Instant,
+    loss: Option<LockError>,
+}
+
+struct GuardState {
+    client: AsyncLockClient,
+    key: String,
+    owner: String,
+    mode: Mode,
+    ttl: Duration,
+    release_all: bool,
+    token: u64,
+    lease: Mutex<Lease>,
+    released: AtomicBool,
+    /// Set to true, once, when the lock is known lost.
+    lost: watch::Sender<bool>,
+}
+
+impl GuardState {
+    fn lease(&self) -> MutexGuard<'_, Lease> {
+        self.lease.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_lost(&self) -> bool {
+        let lease = self.lease();
+        let lost = lease.loss.is_some() || Instant::now() >= lease.valid_until;
+        drop(lease);
+        if lost {
+            self.lost.send_replace(true);
+        }
+        lost
+    }
+
+    fn lose(&self, loss: LockError) -> LockError {
+        let mut lease = self.lease();
+        if lease.loss.is_none() {
+            lease.loss = Some(loss.clone());
+        }
+        drop(lease);
+        self.lost.send_replace(true);
+        loss
+    }
+
+    async fn extend(&self) -> Result<Duration, LockError> {
+        let started = Instant::now();
+        {
+            let lease = self.lease();
+            if let Some(loss) = &lease.loss {
+                return Err(loss.clone());
+            }
+            if started >= lease.valid_until {
+                drop(lease);
+                return Err(self.lose(LockError::Expired { causes: Vec::new() }));
+            }
+        }
+        let reply = self
+            .client
+            .inner
+            .short(&extend_cmd(&self.key, &self.owner, self.ttl))
+            .await;
+        let elapsed = started.elapsed();
+        match reply {
+            Ok(Value::Int(_)) => {
+                let mut lease = self.lease();
+                if let Some(loss) = &lease.loss {
+                    return Err(loss.clone());
+                }
+                let now = Instant::now();
+                if now >= lease.valid_until {
+                    drop(lease);
+                    return Err(self.lose(LockError::Expired {
+                        causes: self.client.named(Outcome::Granted(0)),
+                    }));
+                }
+                let v = self.ttl.saturating_sub(elapsed + drift(self.ttl));
+                lease.valid_until = lease.valid_until.max(started + elapsed + v);
+                Ok(lease.valid_until.saturating_duration_since(now))
+            }
+            Ok(other) => Err(LockError::Refused {
+                causes: self
+                    .client
+                    .named(Outcome::Refused(format!("unexpected reply {other:?}"))),
+            }),
+            Err(o @ Outcome::Unreachable(_)) => Err(LockError::Unreachable {
+                causes: self.client.named(o),
+            }),
+            // NOTOWNER (or another refusal): the owner holds nothing there any more.
+            Err(o) => {
+                let e = match classify(&self.client.named(o), 1) {
+                    e @ LockError::NotOwner { .. } => e,
+                    other => LockError::NotOwner {
+                        causes: other.causes().to_vec(),
+                    },
+                };
+                Err(self.lose(e))
+            }
+        }
+    }
+
+    async fn release(&self) -> Result<(), LockError> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let cmd = if self.release_all {
+            release_cmd(&self.key, &self.owner)
+        } else {
+            release_one_cmd(&self.key, &self.owner)
+        };
+        match self.client.inner.short(&cmd).await {
+            // NOTOWNER counts as done: the hold is gone either way.
+            Ok(_) | Err(Outcome::NotOwner(_)) => Ok(()),
+            Err(o) => Err(classify(&self.client.named(o), 1)),
+        }
+    }
+}
+
+/// A held lock or semaphore permit of an [`AsyncLockClient`]. Released by
+/// [`AsyncLockGuard::release`], or on drop by a task spawned on the runtime it was acquired on
+/// (the drop itself never blocks). A [`Watchdog`] of the request runs as a task until then.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct AsyncLockGuard {
+    state: Arc<GuardState>,
+    watchdog: Option<tokio::task::JoinHandle<()>>,
+    runtime: Option<tokio::runtime::Handle>,
+    lost: watch::Receiver<bool>,
+}
+
+impl AsyncLockGuard {
+    fn new(
+        client: AsyncLockClient,
+        key: &str,
+        owner: String,
+        request: Acquire,
+        token: u64,
+        valid_until: Instant,
+    ) -> Self {
+        let (tx, rx) = watch::channel(false);
+        let state = Arc::new(GuardState {
+            client,
+            key: key.to_string(),
+            owner,
+            mode: request.mode,
+            ttl: request.ttl,
+            release_all: request.release_all(),
+            token,
+            lease: Mutex::new(Lease {
+                valid_until,
+                loss: None,
+            }),
+            released: AtomicBool::new(false),
+            lost: tx,
+        });
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let watchdog = match (&runtime, request.watchdog) {
+            (Some(rt), Some(w)) => Some(rt.spawn(run_watchdog(Arc::clone(&state), w))),
+            _ => None,
+        };
+        AsyncLockGuard {
+            state,
+            watchdog,
+            runtime,
+            lost: rx,
+        }
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// The owner this guard holds under (random, or the request's or client's owner).
+    pub fn owner(&self) -> &str {
+        &self.state.owner
+    }
+
+    /// Write, read, or a permit of a semaphore.
+    pub fn mode(&self) -> Mode {
+        self.state.mode
+    }
+
+    /// The grant's fencing token.
+    pub fn fencing_token(&self) -> u64 {
+        self.state.token
+    }
+
+    /// How much longer the lock is certainly held (zero once expired or lost).
+    pub fn validity(&self) -> Duration {
+        if self.state.is_lost() {
+            return Duration::ZERO;
+        }
+        self.state
+            .lease()
+            .valid_until
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// True once the lock may no longer be held: its validity ran out without a confirmed
+    /// extend, or the server said the owner no longer holds it. Stays true.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// A signal that fires once the lock is lost (see [`LostSignal`]).
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal {
+            state: Arc::clone(&self.state),
+            rx: self.lost.clone(),
+        }
+    }
+
+    /// How many holds this guard's owner has of the key (`LOCK.INFO`): 1 for a random owner,
+    /// more when guards of one explicit owner re-entered it, 0 once the hold is gone.
+    pub async fn hold_count(&self) -> Result<u64, LockError> {
+        Ok(self
+            .state
+            .client
+            .info(&self.state.key)
+            .await?
+            .map_or(0, |i| i.hold_count(&self.state.owner)))
+    }
+
+    /// Renews the lease for another ttl; returns the new validity. [`LockError::NotOwner`]
+    /// (the guard is then lost) when the server says the owner holds nothing; `Unreachable`
+    /// is not conclusive; `Expired` when validity had run out first.
+    pub async fn extend(&self) -> Result<Duration, LockError> {
+        self.state.extend().await
+    }
+
+    /// Stops the watchdog and releases the hold (one hold for an explicit owner), waiting for
+    /// the server's answer. A hold that is already gone counts as released.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+        self.state.release().await
+    }
+}
+
+impl Drop for AsyncLockGuard {
+    fn drop(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+        if self.state.released.load(Ordering::SeqCst) {
+            return;
+        }
+        let state = Arc::clone(&self.state);
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(rt) = runtime {
+            rt.spawn(async move {
+                let _ = state.release().await;
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for AsyncLockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncLockGuard")
+            .field("key", &self.state.key)
+            .field("owner", &self.state.owner)
+            .field("mode", &self.state.mode)
+            .field("token", &self.state.token)
+            .finish()
+    }
+}
+
+/// Fires once the lock of a guard is lost: the watchdog found the owner no longer holds it (the
+/// key was deleted, the hold expired or was taken over), or its validity ran out without a
+/// confirmed extend. Cheap to clone; every clone sees the same signal.
+#[derive(Clone)]
+pub struct LostSignal {
+    state: Arc<GuardState>,
+    rx: watch::Receiver<bool>,
+}
+
+impl LostSignal {
+    /// Whether the lock is lost now.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// The key of the lock.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// The fencing token of the grant.
+    pub fn fencing_token(&self) -> u64 {
+        self.state.token
+    }
+
+    /// Completes once the lock is lost (at once if it already is). Never completes while the
+    /// lock is held: `select!` on it next to the work.
+    pub async fn lost(&self) {
+        let mut rx = self.rx.clone();
+        loop {
+            if self.state.is_lost() {
+                return;
+            }
+            let until = self.state.lease().valid_until;
+            let deadline = tokio::time::Instant::from_std(until);
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // The guard is gone: nothing will extend the lease any more.
+                        tokio::time::sleep_until(deadline).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
+
+/// The watchdog task: extends every `fraction` of the ttl; after an inconclusive (unreachable)
+/// extend, tries again sooner; reports a loss once and ends.
+async fn run_watchdog(state: Arc<GuardState>, watchdog: Watchdog) {
+    let period = state
+        .ttl
+        .mul_f64(watchdog.fraction)
+        .max(Duration::from_millis(1));
+    let mut next = period;
+    loop {
+        let until = state.lease().valid_until;
+        let left = until.saturating_duration_since(Instant::now());
+        tokio::time::sleep(next.min(left)).await;
+        if state.released.load(Ordering::SeqCst) {
+            return;
+        }
+        let result = state.extend().await;
+        if state.released.load(Ordering::SeqCst) {
+            return;
+        }
+        match result {
+            Ok(_) => next = period,
+            Err(e) if state.is_lost() => {
+                watchdog.report(LostLock {
+                    key: state.key.clone(),
+                    causes: e.causes().to_vec(),
+                });
+                return;
+            }
+            Err(_) => next = (period / 4).max(Duration::from_millis(1)),
+        }
+    }
+}
