@@ -250,16 +250,10 @@ impl State {
         if self.reported.swap(true, Ordering::SeqCst) {
             return;
         }
-        let lost = LostLock {
+        watchdog.report(LostLock {
             key: self.key.clone(),
             causes,
-        };
-        if let Some(f) = &watchdog.on_lost {
-            f(&lost);
-        }
-        if let Some(tx) = &watchdog.notify {
-            let _ = tx.send(lost);
-        }
+        });
     }
 
     fn release(&self) -> Vec<Outcome> {

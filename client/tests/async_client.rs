@@ -2,6 +2,7 @@
 //! one client among 16 tasks, owners of the caller's choice (re-entry, upgrade deadlock,
 //! deadlock detection), LOCK.INFO, `using` with a lost-lock signal, `min_replicas`, and typed
 //! errors.
+#![cfg(feature = "tokio")]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
