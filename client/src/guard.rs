@@ -18,6 +18,7 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// Why a watchdog gave up a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LostLock {
+    /// The key of the lost lock.
     pub key: String,
     /// What each instance answered to the last failed extend (empty when the validity ran out
     /// before any extend failed).
@@ -339,6 +340,7 @@ impl LockGuard {
         LockGuard { state, watchdog }
     }
 
+    /// The lock's key.
     pub fn key(&self) -> &str {
         &self.state.key
     }

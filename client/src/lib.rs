@@ -8,6 +8,19 @@
 //!   majority (N/2+1) granted it; requests go to all servers in parallel, each bounded by a
 //!   per-instance timeout. Locks only: it refuses semaphore permits.
 //!
+//! - [`aio::AsyncLockClient`] (cargo feature `tokio`, on by default): the same on tokio, cheap
+//!   to clone and share across tasks, over one multiplexed connection plus dedicated ones for
+//!   waits; a Redis Cluster with the feature `cluster` (on by default); `using` with a
+//!   lost-lock signal. See [`aio`].
+//! - TLS (`rediss://`, or a `redis::Client` built with certificates, see
+//!   [`LockClient::from_client`]) with the cargo feature `tls` (rustls).
+//! - Owners of the caller's choice per request ([`Acquire::owner`]) or per client
+//!   ([`OwnerIdentity`]: a prefix or one fixed owner), for re-entry and deadlock detection;
+//!   [`LockClient::info`] reads `LOCK.INFO`, [`LockGuard::hold_count`] the guard's count.
+//! - [`Acquire::min_replicas`]: a grant counts only once that many replicas acknowledged it.
+//!
+//! The user guide is `docs/client.md` in the repository.
+//!
 //! Both hand out a [`LockGuard`]: its fencing token(s), its remaining validity, `extend`,
 //! `release`, release on drop (best effort), and an optional [`Watchdog`] that keeps extending
 //! the lease and reports a lost lock. A hold can also be bound to a connection of the guard's
@@ -124,12 +137,16 @@
 //! taken; also a wait that ran out), `Unreachable` (too few answered), `Expired` (granted too
 //! late to be valid, or an extend confirmed too late), `Disconnected` (a bound guard's
 //! connections closed), `InvalidRequest` (refused before anything was sent), and the server's
-//! refusals, each with every server's answer: `Deadlock` (any `-DEADLOCK` reply: an owner that
+//! refusals, each with every server's answer (typed per server: [`Outcome`]): `Deadlock` (any
+//! `-DEADLOCK` reply: an owner that
 //! reads the lock asked to write it, or a wait that would close a cycle of waiting owners on
 //! that server; only requests with an explicit [`Acquire::owner`] can meet one, since a random
 //! owner holds nothing when it asks), `WrongKind` (`-WRONGKIND`), `CapacityMismatch` (the
-//! semaphore has another capacity) and `Refused` (any other error reply, such as `-WRONGTYPE`
-//! or `-MAXWAITERS`). A refusal is never retried: the request itself is at fault.
+//! semaphore has another capacity), `MaxWaiters` (`-MAXWAITERS`: the wait queue is full),
+//! `NotOwner` (`-NOTOWNER`, from the async guard's extend) and `Refused` (any other error
+//! reply, such as `-WRONGTYPE`). A refusal is never retried: the request itself is at fault.
+//! `ReplicasNotAcknowledged` is a grant that too few replicas acknowledged
+//! ([`Acquire::min_replicas`]; released again).
 //!
 //! # Validity and loss
 //!
@@ -182,6 +199,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![warn(missing_docs)]
+
 #[cfg(feature = "tokio")]
 pub mod aio;
 mod bound;
@@ -206,10 +225,13 @@ pub use instance::{Instance, Outcome};
 /// counting semaphore of `capacity` permits ([`Acquire::permit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// An exclusive lock (`LOCK.ACQUIRE`).
     Write,
+    /// A shared lock (`LOCK.RWREAD`).
     Read,
     /// One permit of a semaphore (`LOCK.SEMACQUIRE`) of this capacity.
     Permit {
+        /// How many permits the semaphore has.
         capacity: u32,
     },
 }
@@ -456,38 +478,67 @@ pub enum LockError {
     /// Enough instances answered, but the lock is held by someone else (on too many of them):
     /// for a semaphore, every permit is taken (or others queue first). Also the answer to a
     /// wait that ran out.
-    Held { causes: Vec<(String, Outcome)> },
+    Held {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// Too few instances answered to reach a quorum.
-    Unreachable { causes: Vec<(String, Outcome)> },
+    Unreachable {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// An instance refused the request with an error not named by a variant of its own (for
-    /// example `WRONGTYPE`: the key holds another Redis type; `MAXWAITERS`: the wait queue is
-    /// full).
-    Refused { causes: Vec<(String, Outcome)> },
+    /// example `WRONGTYPE`: the key holds another Redis type).
+    Refused {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The server refused the request because it would deadlock (`-DEADLOCK`): its owner holds
     /// the lock shared and asked for it exclusively (an upgrade: release the read hold first),
     /// or, with a wait, queueing would close a cycle of owners waiting for one another across
     /// keys of that server. Nothing changed; the request did not queue. Only requests with an
     /// explicit owner ([`Acquire::owner`]) can get it: a random owner holds nothing when it asks.
-    Deadlock { causes: Vec<(String, Outcome)> },
+    Deadlock {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The key is the other kind (`-WRONGKIND`): a semaphore permit was asked of a lock key, or
     /// a lock of a semaphore key. Nothing changed.
-    WrongKind { causes: Vec<(String, Outcome)> },
+    WrongKind {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The semaphore key exists with another capacity than the one asked for (a key keeps its
     /// capacity while it has holders or waiters; `LOCK.INFO` shows it). Nothing changed.
-    CapacityMismatch { causes: Vec<(String, Outcome)> },
+    CapacityMismatch {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The lock's validity ran out while acquiring it (the instances were too slow), or before
     /// an extend of it was confirmed.
-    Expired { causes: Vec<(String, Outcome)> },
+    Expired {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// A bound lock: its connections to too many instances closed, which ended the hold there
     /// (the causes name them).
-    Disconnected { causes: Vec<(String, Outcome)> },
+    Disconnected {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The server refused to queue the waiting request (`-MAXWAITERS`): the key's wait queue
     /// (`lock.max-waiters`) or the server's waiter limit is full. Retry later.
-    MaxWaiters { causes: Vec<(String, Outcome)> },
+    MaxWaiters {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The owner does not hold the lock (`-NOTOWNER`): an extend or release of a hold that
     /// expired, was released, or whose key was deleted. The async guard reports a lost lock
     /// with it; the sync guard reports it as `Held` (as before this variant existed).
-    NotOwner { causes: Vec<(String, Outcome)> },
+    NotOwner {
+        /// What each server answered (server name, answer).
+        causes: Vec<(String, Outcome)>,
+    },
     /// The lock was granted but fewer replicas than asked ([`Acquire::min_replicas`])
     /// acknowledged it within the timeout: the grant was released again.
     ReplicasNotAcknowledged {
@@ -500,7 +551,10 @@ pub enum LockError {
     },
     /// The request was refused before anything was sent (for example a lock-delay on a read
     /// lock).
-    InvalidRequest { reason: String },
+    InvalidRequest {
+        /// What is wrong with the request.
+        reason: String,
+    },
 }
 
 impl LockError {
