@@ -317,9 +317,9 @@ async fn using_signals_a_lock_taken_away_mid_closure() {
     let kept = client
         .using(
             "kept",
-            Acquire::write(Duration::from_millis(300)),
+            Acquire::write(Duration::from_millis(1500)),
             |lost| async move {
-                tokio::time::sleep(Duration::from_millis(1200)).await;
+                tokio::time::sleep(Duration::from_secs(4)).await;
                 lost.is_lost()
             },
         )
