@@ -99,7 +99,7 @@ def test_a_30_s_wait_with_redis_py_default_settings_keeps_its_place(server: kit.
     holder.release()
     t.join(30)
     other.join(30)
-    assert out["acquired"] is True
+    assert out.get("acquired") is True, "our waiter was not granted first: it lost its place"
     assert isinstance(out["second"], int)
     assert out["at"] < out["second-at"]  # granted in arrival order
 

@@ -240,11 +240,23 @@ class Lock:
         wait: Optional[float] = None  # None: one try; math.inf: no limit; else seconds
         if blocking and bt != 0:
             wait = math.inf if bt is None else bt
-        hold = self._acquire(owner, wait)
-        if hold is None:
-            return False
-        self.local.token = owner
-        self.local.hold = hold
+        try:
+            hold = self._acquire(owner, wait)
+            if hold is None:
+                return False
+            self.local.token = owner
+            self.local.hold = hold
+        except LockError:
+            raise  # a refusal: nothing was granted
+        except BaseException as e:
+            # Interrupted after a grant's reply was read but before it was recorded (the
+            # window is small, but KeyboardInterrupt can land anywhere): give it back.
+            if self.local.token is not owner and not self.bind and not conns.is_connection_trouble(e):
+                try:
+                    self.redis.execute_command(*release_args(self.name, owner))
+                except Exception:  # noqa: BLE001 - best effort; NOTOWNER is the usual answer
+                    pass
+            raise
         if self.watchdog:
             self._start_watchdog(hold)
         return True
