@@ -12,7 +12,7 @@ mod common;
 use common::*;
 
 use redis_lock_client::aio::AsyncLockClient;
-use redis_lock_client::{Acquire, LockClient, LockError, Outcome, OwnerIdentity};
+use redis_lock_client::{Acquire, LockClient, LockError, Outcome, OwnerIdentity, Watchdog};
 use redis_lock_testkit::{
     int, master_and_replica, query, wait_until, waiting, Server, Value, PATIENCE,
 };
@@ -267,8 +267,9 @@ async fn using_signals_a_lock_taken_away_mid_closure() {
     assert!(out > 0);
     assert_eq!(int(&mut c, &["EXISTS", "job"]), 0);
 
-    // The key is deleted while the closure works: the watchdog's next extend gets NOTOWNER
-    // and the signal fires, long before the closure's own 20 s.
+    // The key is deleted while the closure works: the watchdog's next extend (every 1.5 s)
+    // gets NOTOWNER and the signal fires, long before the closure's own 20 s and the lease's
+    // 30 s validity.
     let deleter = {
         let port = server.port;
         std::thread::spawn(move || {
@@ -281,7 +282,7 @@ async fn using_signals_a_lock_taken_away_mid_closure() {
     let out = client
         .using(
             "job",
-            Acquire::write(Duration::from_millis(900)),
+            Acquire::write(Duration::from_secs(30)).watchdog(Watchdog::new().fraction(0.05)),
             |lost| async move {
                 tokio::select! {
                     _ = lost.lost() => "stopped: lock lost",
