@@ -835,6 +835,15 @@ fn no_links(n: usize) -> Vec<Option<BoundLink>> {
     (0..n).map(|_| None).collect()
 }
 
+/// The request with a default [`Watchdog`] when it has none (for the `using` helpers).
+pub(crate) fn with_watchdog(request: Acquire) -> Acquire {
+    if request.watchdog.is_none() {
+        request.watchdog(Watchdog::new())
+    } else {
+        request
+    }
+}
+
 /// Clock drift allowance for a lease of `ttl`: 1% of it plus 2 ms (as Redlock specifies).
 pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
@@ -1060,6 +1069,24 @@ impl LockClient {
     ) -> Result<LockGuard, LockError> {
         self.acquire(key, Acquire::permit(capacity, ttl).wait(wait))
     }
+
+    /// Acquires as `request` says (with a [`Watchdog`] added when it has none), runs `work`
+    /// with the guard, then releases it and returns what `work` returned. `work` should check
+    /// [`LockGuard::is_lost`] before each step that needs the lock's protection: it turns true
+    /// once the watchdog finds the lock gone (its key deleted, its lease ended). If `work`
+    /// panics, the guard's drop releases the hold.
+    pub fn using<T>(
+        &self,
+        key: &str,
+        request: Acquire,
+        work: impl FnOnce(&LockGuard) -> T,
+    ) -> Result<T, LockError> {
+        let guard = self.acquire(key, with_watchdog(request))?;
+        let out = work(&guard);
+        // A release that fails leaves the hold to its ttl; `work`'s result stands.
+        let _ = guard.release();
+        Ok(out)
+    }
 }
 
 /// With one server there is no cross-server drift, but the client's and the server's clocks
@@ -1142,6 +1169,8 @@ pub struct Redlock {
     servers: Arc<Servers>,
     retry_delay: (Duration, Duration),
     strategy: WaitStrategy,
+    /// An owner prefix (see [`Redlock::owner_prefix`]), empty for none.
+    prefix: String,
 }
 
 /// How a [`Redlock`] acquire with [`Acquire::wait`] waits for a held lock.
@@ -1176,12 +1205,44 @@ impl Redlock {
             .iter()
             .map(|u| Instance::new(u.as_ref(), per_instance_timeout))
             .collect::<redis::RedisResult<Vec<_>>>()?;
+        Ok(Self::of(instances))
+    }
+
+    /// The same over the servers existing `redis::Client`s connect to (their address, login,
+    /// database and TLS settings); the Redlock opens connections of its own.
+    pub fn from_clients(
+        clients: &[redis::Client],
+        per_instance_timeout: Duration,
+    ) -> redis::RedisResult<Self> {
+        let instances = clients
+            .iter()
+            .map(|c| Instance::from_info(c.get_connection_info().clone(), per_instance_timeout))
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        Ok(Self::of(instances))
+    }
+
+    fn of(instances: Vec<Instance>) -> Self {
         let quorum = instances.len() / 2 + 1;
-        Ok(Redlock {
+        Redlock {
             servers: Arc::new(Servers { instances, quorum }),
             retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
             strategy: WaitStrategy::Queue,
-        })
+            prefix: String::new(),
+        }
+    }
+
+    /// Owners of this Redlock's guards start with `prefix` (then 32 random hex digits), so
+    /// `LOCK.INFO` shows whose holds they are. Each guard still has an owner of its own
+    /// (Redlock takes no fixed owner: see [`Acquire::owner`]). At most 992 bytes.
+    pub fn owner_prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
+        let prefix = prefix.into();
+        OwnerIdentity::Prefix(prefix.clone()).check()?;
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    fn new_owner(&self) -> String {
+        format!("{}{}", self.prefix, random_owner())
     }
 
     /// How an acquire with `wait` waits ([`WaitStrategy::Queue`] by default).
@@ -1200,6 +1261,24 @@ impl Redlock {
     /// How many instances must grant a lock.
     pub fn quorum(&self) -> usize {
         self.servers.quorum
+    }
+
+    /// Acquires as `request` says (with a [`Watchdog`] added when it has none), runs `work`
+    /// with the guard, then releases it and returns what `work` returned. `work` should check
+    /// [`LockGuard::is_lost`] before each step that needs the lock's protection: it turns true
+    /// once the watchdog finds the lock gone (its key deleted, its lease ended). If `work`
+    /// panics, the guard's drop releases the hold.
+    pub fn using<T>(
+        &self,
+        key: &str,
+        request: Acquire,
+        work: impl FnOnce(&LockGuard) -> T,
+    ) -> Result<T, LockError> {
+        let guard = self.acquire(key, with_watchdog(request))?;
+        let out = work(&guard);
+        // A release that fails leaves the hold to its ttl; `work`'s result stands.
+        let _ = guard.release();
+        Ok(out)
     }
 
     /// Acquires the lock on a majority. Without `wait`, one attempt; with it, attempts repeat
@@ -1230,7 +1309,7 @@ impl Redlock {
                     .into(),
             });
         }
-        let same_owner = random_owner();
+        let same_owner = self.new_owner();
         let give_up = Instant::now() + request.wait.unwrap_or_default();
         let mut backoff = Duration::ZERO;
         let quorum = self.servers.quorum;
@@ -1241,7 +1320,7 @@ impl Redlock {
             // that is still bound to a connection we gave up on is then never re-entered (a
             // re-entry would keep that connection's binding).
             let owner = if request.bind {
-                random_owner()
+                self.new_owner()
             } else {
                 same_owner.clone()
             };

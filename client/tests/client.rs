@@ -434,3 +434,54 @@ fn clients_and_guards_are_send_and_sync() {
     send_sync::<Redlock>();
     send_sync::<redis_lock_client::LockGuard>();
 }
+
+#[test]
+fn using_hands_the_guard_over_and_shows_a_lock_taken_away() {
+    let server = Server::start();
+    let client = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let mut c = server.client();
+    let token = client
+        .using("u", Acquire::write(Duration::from_secs(5)), |g| {
+            assert!(!g.is_lost());
+            g.fencing_token()
+        })
+        .unwrap();
+    assert!(token.is_some());
+    assert_eq!(
+        int(&mut c, &["EXISTS", "u"]),
+        0,
+        "released after the closure"
+    );
+
+    // The key is deleted mid-closure: the watchdog's next extend (every 1.5 s of a 30 s
+    // lease) finds the owner gone and the guard turns lost long before its validity ends.
+    let lost = client
+        .using(
+            "u",
+            Acquire::write(Duration::from_secs(30)).watchdog(Watchdog::new().fraction(0.05)),
+            |g| {
+                assert_eq!(int(&mut c, &["DEL", "u"]), 1);
+                let deadline = Instant::now() + PATIENCE;
+                while !g.is_lost() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                g.is_lost()
+            },
+        )
+        .unwrap();
+    assert!(lost, "the guard should see the deleted key as a lost lock");
+
+    // Redlock's using, with an owner prefix.
+    let servers = five();
+    let rl = redlock(&servers).owner_prefix("batch-").unwrap();
+    let owner = rl
+        .using("r", Acquire::write(Duration::from_secs(5)), |g| {
+            g.owner().to_string()
+        })
+        .unwrap();
+    assert!(owner.starts_with("batch-"), "{owner}");
+    assert!(matches!(
+        redlock(&servers).owner_prefix("p".repeat(1000)),
+        Err(LockError::InvalidRequest { .. })
+    ));
+}
