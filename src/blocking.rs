@@ -2,6 +2,8 @@
 //! it was granted or refused, its WAIT timeout, its connection closing. A waiter that gives up
 //! leaves its key's queue through `keys`, which may grant the waiters behind it.
 
+use std::ffi::CStr;
+
 use redis_lock_core::{Millis, Waiter, WaiterId};
 use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
@@ -32,6 +34,7 @@ pub fn block(
                 client: Some(client),
                 client_handle_id: handle_id,
                 client_id: context::client_id(ctx),
+                queued_at: context::now_ms(),
                 db,
                 key: key.into(),
                 waiter,
@@ -85,7 +88,7 @@ fn on_timeout(ctx: &Context, client: BlockedClientId) {
         handle.unblock();
     }
     stats::count_timeout();
-    leave_queue(ctx, id, &entry);
+    leave_queue(ctx, id, &entry, c"lock.timeout");
 }
 
 /// Disconnect callback: the connection closed while queued, or after its grant was decided
@@ -106,7 +109,7 @@ fn on_disconnect(ctx: &Context, client: BlockedClientId) {
             if let Some(handle) = entry.client.take() {
                 handle.unblock();
             }
-            leave_queue(ctx, id, &entry);
+            leave_queue(ctx, id, &entry, c"lock.cancel");
         }
         WaitState::Granted { token } if closing => {
             // The connection closed after its grant was decided but before the reply was
@@ -144,13 +147,15 @@ fn take_queued(client: BlockedClientId) -> Option<(WaiterId, Entry)> {
     })
 }
 
-/// Takes a waiter that gave up out of its key's queue.
-fn leave_queue(ctx: &Context, id: WaiterId, entry: &Entry) {
+/// Takes a waiter that gave up out of its key's queue, and notifies `event` there.
+fn leave_queue(ctx: &Context, id: WaiterId, entry: &Entry, event: &CStr) {
     if !context::select_db(ctx, entry.db) {
         return;
     }
     let mut key = LockKey::open(ctx, &entry.key);
-    key.apply(|lock, step| lock.cancel_waiter(id, step));
+    if let Some(Some(_)) = key.apply(|lock, step| lock.cancel_waiter(id, step)) {
+        key.notify(event);
+    }
 }
 
 /// Gives back the hold a grant created, if the holder is still exactly that grant.
@@ -163,6 +168,7 @@ pub fn roll_back_grant(ctx: &Context, db: i32, key: &[u8], owner: &[u8], token: 
         if v.lock.holders().get(owner).is_some_and(|h| h.token == token));
     if still_holds {
         lock_key.apply(|lock, step| lock.release(owner, false, step));
+        stats::count_given_back();
         lock_key.notify(c"lock.release");
     }
 }

@@ -121,6 +121,8 @@ pub struct Entry {
     pub client_handle_id: BlockedClientId,
     /// Redis's id of the blocked connection (never reused while the server runs).
     pub client_id: u64,
+    /// When it was queued (module clock, ms): for LOCK.INFO and the wait-time figures.
+    pub queued_at: u64,
     pub db: i32,
     pub key: Box<[u8]>,
     pub waiter: Waiter,
@@ -196,6 +198,10 @@ impl Registry {
     }
 }
 
+/// Upper bounds (ms, inclusive) of the wait-time histogram's buckets; a wait above the last one
+/// counts only in the total (`+Inf`).
+pub const WAIT_BUCKETS_MS: [u64; 10] = [1, 5, 10, 50, 100, 500, 1_000, 5_000, 10_000, 60_000];
+
 /// The running totals and current-value figures of `INFO lock`.
 pub struct Counters {
     pub grants: Cell<u64>,
@@ -205,6 +211,20 @@ pub struct Counters {
     pub disconnects: Cell<u64>,
     /// Lock requests refused because waiting would have closed a cycle.
     pub deadlocks: Cell<u64>,
+    /// Requests with WAIT refused because a waiter limit was reached (`-MAXWAITERS`).
+    pub queue_full: Cell<u64>,
+    /// Grants to queued waiters (hand-overs), a subset of `grants`.
+    pub handoffs: Cell<u64>,
+    /// LOCK.RELEASE calls that dropped or decremented a hold.
+    pub releases: Cell<u64>,
+    /// LOCK.EXTEND calls that changed a lease.
+    pub extends: Cell<u64>,
+    /// Grants given back because the waiter's connection closed before the reply reached it.
+    pub given_back: Cell<u64>,
+    /// How long granted waiters waited (ms): count per bucket of `WAIT_BUCKETS_MS` (each
+    /// counted once, in the first bucket it fits), then the sum.
+    pub wait_buckets: [Cell<u64>; WAIT_BUCKETS_MS.len()],
+    pub wait_sum_ms: Cell<u64>,
     pub locks_held: Cell<u64>,
     pub readers: Cell<u64>,
     pub writers: Cell<u64>,
@@ -220,6 +240,13 @@ impl Counters {
             expirations: Cell::new(0),
             disconnects: Cell::new(0),
             deadlocks: Cell::new(0),
+            queue_full: Cell::new(0),
+            handoffs: Cell::new(0),
+            releases: Cell::new(0),
+            extends: Cell::new(0),
+            given_back: Cell::new(0),
+            wait_buckets: [const { Cell::new(0) }; WAIT_BUCKETS_MS.len()],
+            wait_sum_ms: Cell::new(0),
             locks_held: Cell::new(0),
             readers: Cell::new(0),
             writers: Cell::new(0),

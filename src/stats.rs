@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use redis_lock_core::{Lock, Mode};
 
-use crate::state::with_counters;
+use crate::state::{with_counters, with_waiters, WaitState, WAIT_BUCKETS_MS};
 use crate::sys::info::InfoSource;
 
 pub use crate::state::with_fences;
@@ -95,6 +95,36 @@ pub fn count_disconnect() {
     with_counters(|c| bump(&c.disconnects, 1));
 }
 
+pub fn count_queue_full() {
+    with_counters(|c| bump(&c.queue_full, 1));
+}
+
+pub fn count_release() {
+    with_counters(|c| bump(&c.releases, 1));
+}
+
+pub fn count_extend() {
+    with_counters(|c| bump(&c.extends, 1));
+}
+
+pub fn count_given_back() {
+    with_counters(|c| bump(&c.given_back, 1));
+}
+
+/// A queued waiter was granted after waiting `waited_ms`: a hand-over, and a sample of the
+/// wait-time histogram (one bucket bumped; the cumulative counts are summed when shown).
+pub fn count_handoff(waited_ms: u64) {
+    with_counters(|c| {
+        bump(&c.handoffs, 1);
+        bump(&c.wait_sum_ms, waited_ms);
+        if let Some(i) = WAIT_BUCKETS_MS.iter().position(|le| waited_ms <= *le) {
+            if let Some(bucket) = c.wait_buckets.get(i) {
+                bump(bucket, 1);
+            }
+        }
+    });
+}
+
 pub fn count_expirations(n: u64) {
     with_counters(|c| bump(&c.expirations, n));
 }
@@ -113,7 +143,7 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
     });
 }
 
-/// The INFO figures, in the order SPEC.md names them.
+/// The INFO figures, in the order SPEC.md names them, then the later ones.
 pub fn snapshot() -> [(&'static str, u64); 10] {
     with_counters(|c| {
         [
@@ -134,10 +164,62 @@ pub fn snapshot() -> [(&'static str, u64); 10] {
 /// The `INFO lock` section.
 pub struct InfoFields;
 
+/// The wait-time histogram's field names: `wait_ms_le_<bound>`, in `WAIT_BUCKETS_MS` order.
+const WAIT_BUCKET_NAMES: [&str; WAIT_BUCKETS_MS.len()] = [
+    "wait_ms_le_1",
+    "wait_ms_le_5",
+    "wait_ms_le_10",
+    "wait_ms_le_50",
+    "wait_ms_le_100",
+    "wait_ms_le_500",
+    "wait_ms_le_1000",
+    "wait_ms_le_5000",
+    "wait_ms_le_10000",
+    "wait_ms_le_60000",
+];
+
+/// The age (ms) of the longest-waiting queued client, and the longest queue of any key:
+/// computed when INFO asks, from the waiter registry (one look per key with waiters), so
+/// nothing on the hot path maintains them.
+pub fn queue_figures(now: u64) -> (u64, u64) {
+    with_waiters(|r| {
+        let mut oldest = 0u64;
+        let mut longest = 0u64;
+        for ids in r.by_key.values() {
+            longest = longest.max(u64::try_from(ids.len()).unwrap_or(u64::MAX));
+            // Waiter ids grow in arrival order: the first of each key is its oldest.
+            let first = ids.iter().find_map(|id| r.entries.get(id));
+            if let Some(e) = first.filter(|e| e.state == WaitState::Queued) {
+                oldest = oldest.max(now.saturating_sub(e.queued_at));
+            }
+        }
+        (oldest, longest)
+    })
+}
+
 impl InfoSource for InfoFields {
     fn fields(add: &mut dyn FnMut(&'static str, u64)) {
         for (name, value) in snapshot() {
             add(name, value);
         }
+        let (oldest, longest) = queue_figures(crate::sys::context::now_ms());
+        with_counters(|c| {
+            add("handoffs_total", c.handoffs.get());
+            add("releases_total", c.releases.get());
+            add("extends_total", c.extends.get());
+            add("maxwaiters_total", c.queue_full.get());
+            add("given_back_total", c.given_back.get());
+            add("oldest_wait_ms", oldest);
+            add("longest_queue", longest);
+            // Cumulative, as Prometheus histograms are: each bucket counts every wait up to
+            // its bound; `wait_ms_count` is the +Inf bucket.
+            let mut cumulative = 0u64;
+            for (name, bucket) in WAIT_BUCKET_NAMES.iter().zip(c.wait_buckets.iter()) {
+                cumulative = cumulative.saturating_add(bucket.get());
+                add(name, cumulative);
+            }
+            add("wait_ms_count", c.handoffs.get());
+            add("wait_ms_sum", c.wait_sum_ms.get());
+        });
     }
 }

@@ -10,6 +10,8 @@
 use redis_lock_core::{Waiter, WaiterId};
 
 use crate::state::{self, with_waiters, WaitState};
+use crate::stats;
+use crate::sys::context;
 
 /// Redis announced that connection `client_id` is closing (client-change event).
 pub fn note_closing(client_id: u64) {
@@ -30,8 +32,16 @@ pub fn next_id() -> WaiterId {
 }
 
 /// The core granted waiter `id`: unblock its client; the reply callback sends `token`.
+/// Counted as a hand-over, with how long the waiter waited.
 pub fn deliver_grant(id: WaiterId, token: u64) {
-    if let Some(client) = with_waiters(|r| r.resolve(id, WaitState::Granted { token })) {
+    let now = context::now_ms();
+    let resolved = with_waiters(|r| {
+        let queued_at = r.entries.get(&id).map_or(now, |e| e.queued_at);
+        r.resolve(id, WaitState::Granted { token })
+            .map(|client| (client, queued_at))
+    });
+    if let Some((client, queued_at)) = resolved {
+        stats::count_handoff(now.saturating_sub(queued_at));
         client.unblock();
     }
 }
@@ -57,6 +67,11 @@ pub fn is_queued_at(id: WaiterId, db: i32, key: &[u8]) -> bool {
             .get(&id)
             .is_some_and(|e| e.state == WaitState::Queued && e.db == db && *e.key == *key)
     })
+}
+
+/// Who queued waiter `id` and when: (client id, queued at, module clock ms).
+pub fn describe(id: WaiterId) -> Option<(u64, u64)> {
+    with_waiters(|r| r.entries.get(&id).map(|e| (e.client_id, e.queued_at)))
 }
 
 /// The waiters still queued on (`db`, `key`), in arrival order.

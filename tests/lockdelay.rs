@@ -362,9 +362,9 @@ fn bad_lock_delay_and_bind_options_change_nothing() {
 }
 
 /// RESP2 clients may read LOCK.INFO by position: the first five fields keep their places and
-/// `delay` comes after them.
+/// the later ones come after them in the order they were added (`delay`, then `waiters`).
 #[test]
-fn lock_info_keeps_the_first_five_fields_in_place_and_adds_delay_after() {
+fn lock_info_keeps_the_first_five_fields_in_place_and_adds_later_ones_after() {
     let server = Server::start();
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "k", "h", LONG]);
@@ -381,7 +381,7 @@ fn lock_info_keeps_the_first_five_fields_in_place_and_adds_delay_after() {
         .collect();
     assert_eq!(
         names,
-        ["fence", "holders", "mode", "queue", "waiting", "delay"]
+        ["fence", "holders", "mode", "queue", "waiting", "delay", "waiters"]
     );
 }
 

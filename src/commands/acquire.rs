@@ -148,6 +148,7 @@ fn request(
                 capacity,
             };
             if blocking::block(ctx, id, db, key, waiter, timeout) {
+                lock_key.notify(c"lock.queued");
                 // The reply comes from the blocked-client callbacks.
                 Ok(RedisValue::NoReply)
             } else {
@@ -156,7 +157,10 @@ fn request(
             }
         }
         Acquired::Busy if wants_to_wait => match queue_full {
-            Some(message) => Err(RedisError::Str(message)),
+            Some(message) => {
+                stats::count_queue_full();
+                Err(RedisError::Str(message))
+            }
             None => Ok(RedisValue::Null),
         },
         Acquired::Busy => Ok(RedisValue::Null),

@@ -4,6 +4,7 @@ use redis_lock_core::parse;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{arg_error, NOT_OWNER};
+use crate::stats;
 use crate::sys::commands::Command;
 
 use super::common::{open_held, split_key};
@@ -19,7 +20,11 @@ impl Command for Extend {
         let mut lock_key = open_held(ctx, key)?;
         let result = lock_key.apply(|lock, step| lock.extend(owner, ttl, step));
         match result {
-            Some(Ok(_)) => Ok(RedisValue::Integer(1)),
+            Some(Ok(_)) => {
+                stats::count_extend();
+                lock_key.notify(c"lock.extend");
+                Ok(RedisValue::Integer(1))
+            }
             _ => Err(RedisError::Str(NOT_OWNER)),
         }
     }

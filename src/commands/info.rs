@@ -9,6 +9,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
+use crate::waiters;
 use redis_lock_core::{Kind, Mode};
 
 /// LOCK.INFO key
@@ -82,6 +83,27 @@ impl Command for Info {
                 RedisValue::Integer(i64::from(capacity)),
             );
         }
+        // Each queued client, head first: [owner, mode, waited ms, client id]. Same variant as
+        // `capacity` and after it by name, so it stays last. Replicas have no waiters.
+        let waiters = lock
+            .queue()
+            .iter()
+            .map(|(id, w)| {
+                let (client, queued_at) = waiters::describe(id).unwrap_or((0, now));
+                RedisValue::Array(vec![
+                    RedisValue::StringBuffer(w.owner.to_vec()),
+                    RedisValue::SimpleStringStatic(w.mode.as_str()),
+                    RedisValue::Integer(
+                        i64::try_from(now.saturating_sub(queued_at)).unwrap_or(i64::MAX),
+                    ),
+                    RedisValue::Integer(i64::try_from(client).unwrap_or(i64::MAX)),
+                ])
+            })
+            .collect();
+        map.insert(
+            RedisValueKey::BulkString(b"waiters".to_vec()),
+            RedisValue::Array(waiters),
+        );
         Ok(RedisValue::OrderedMap(map))
     }
 }

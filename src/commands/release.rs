@@ -22,6 +22,7 @@ impl Command for Release {
             .apply(|lock, step| lock.release(owner, all, step))
             .ok_or(RedisError::Str(NOT_OWNER))?
             .map_err(|_| RedisError::Str(NOT_OWNER))?;
+        crate::stats::count_release();
         lock_key.notify(c"lock.release");
         Ok(RedisValue::Integer(
             i64::try_from(remaining).unwrap_or(i64::MAX),

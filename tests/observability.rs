@@ -1,0 +1,229 @@
+//! What an operator sees: LOCK.INFO's `waiters`, the keyspace events of every state change, and
+//! the INFO figures, each checked against a scripted sequence with known counts and durations.
+//! Durations are checked only against bounds the script guarantees (a wait that lasted at least
+//! the sleep before its release), never against an upper bound a slow machine could break.
+
+use std::collections::BTreeSet;
+use std::thread;
+use std::time::Duration;
+
+use redis::{Connection, Value};
+use redis_lock_testkit::*;
+
+const LONG: &str = "600000";
+
+/// LOCK.INFO `waiters` of `key`: (owner, mode, waited ms, client id), head first.
+fn waiters_of(c: &mut Connection, key: &str) -> Vec<(String, String, i64, i64)> {
+    let map = info(c, key).expect("the key exists");
+    let Value::Array(entries) = &map["waiters"] else {
+        panic!("waiters: {map:?}")
+    };
+    entries
+        .iter()
+        .map(|e| match e {
+            Value::Array(parts) => match &parts[..] {
+                [owner, mode, Value::Int(waited), Value::Int(id)] => {
+                    (value_text(owner), value_text(mode), *waited, *id)
+                }
+                other => panic!("waiter entry {other:?}"),
+            },
+            other => panic!("waiter entry {other:?}"),
+        })
+        .collect()
+}
+
+/// The ids of the clients blocked in `cmd` (CLIENT LIST).
+fn blocked_in(c: &mut Connection, cmd: &str) -> BTreeSet<i64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(c)
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|l| l.contains(&format!(" cmd={cmd} ")) && l.contains(" flags=b "))
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn lock_info_lists_each_waiter_with_owner_mode_waited_time_and_client() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "holder", LONG]);
+    assert!(waiters_of(&mut c, "k").is_empty(), "nobody waits yet");
+    let w1 = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "k", "first", LONG, "WAIT", "0"],
+        1,
+    );
+    let w2 = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.RWREAD", "k", "second", LONG, "WAIT", "0"],
+        2,
+    );
+    thread::sleep(Duration::from_millis(200));
+    let shown = waiters_of(&mut c, "k");
+    let owners: Vec<(&str, &str)> = shown
+        .iter()
+        .map(|(o, m, _, _)| (o.as_str(), m.as_str()))
+        .collect();
+    assert_eq!(owners, [("first", "write"), ("second", "read")]);
+    // Both were queued before the 200 ms sleep; the first no later than the second.
+    assert!(shown[0].2 >= 200 && shown[1].2 >= 200, "waited: {shown:?}");
+    assert!(shown[0].2 >= shown[1].2, "head waited longest: {shown:?}");
+    let ids: BTreeSet<i64> = shown.iter().map(|w| w.3).collect();
+    assert_eq!(ids.len(), 2, "two different clients: {shown:?}");
+    assert_eq!(
+        ids,
+        blocked_in(&mut c, "lock.acquire")
+            .union(&blocked_in(&mut c, "lock.rwread"))
+            .copied()
+            .collect()
+    );
+    // The figures of INFO follow the same queue.
+    assert!(info_field(&mut c, "oldest_wait_ms") >= 200);
+    assert_eq!(info_field(&mut c, "longest_queue"), 2);
+
+    int(&mut c, &["LOCK.RELEASE", "k", "holder"]);
+    w1.token();
+    let left = waiters_of(&mut c, "k");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].0, "second");
+    int(&mut c, &["LOCK.RELEASE", "k", "first"]);
+    w2.token();
+    assert!(waiters_of(&mut c, "k").is_empty());
+    assert_eq!(info_field(&mut c, "oldest_wait_ms"), 0);
+    assert_eq!(info_field(&mut c, "longest_queue"), 0);
+}
+
+#[test]
+fn every_state_change_has_a_keyspace_event() {
+    let server = Server::start();
+    let mut c = server.client();
+    query(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Ed"]).unwrap();
+    let sub_client =
+        redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client");
+    let mut sub = sub_client.get_connection().expect("connect");
+    let mut pubsub = sub.as_pubsub();
+    pubsub.psubscribe("__keyevent@0__:lock.*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+
+    int(&mut c, &["LOCK.ACQUIRE", "ev", "h", LONG]);
+    assert_eq!(int(&mut c, &["LOCK.EXTEND", "ev", "h", LONG]), 1);
+    // A waiter that times out, one whose connection closes, one that is granted.
+    let timed_out = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "ev", "t", LONG, "WAIT", "50"],
+        1,
+    );
+    assert_eq!(timed_out.join().unwrap(), Value::Nil);
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    send_raw(&mut raw, &["LOCK.ACQUIRE", "ev", "gone", LONG, "WAIT", "0"]).unwrap();
+    wait_until("the raw waiter is queued", || waiting(&mut c, "ev") == 1);
+    drop(raw);
+    wait_until("the closed waiter left the queue", || {
+        waiting(&mut c, "ev") == 0
+    });
+    let granted = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "ev", "g", LONG, "WAIT", "0"],
+        1,
+    );
+    int(&mut c, &["LOCK.RELEASE", "ev", "h"]);
+    granted.token();
+
+    let expected = [
+        "lock.acquire",
+        "lock.extend",
+        "lock.queued",
+        "lock.timeout",
+        "lock.queued",
+        "lock.cancel",
+        "lock.queued",
+        "lock.release",
+        "lock.acquire",
+    ];
+    let mut seen = Vec::new();
+    while seen.len() < expected.len() {
+        let msg = pubsub.get_message().expect("event");
+        let name = msg
+            .get_channel_name()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_string();
+        let key: String = msg.get_payload().unwrap();
+        assert_eq!(key, "ev");
+        seen.push(name);
+    }
+    // The release's event and the grant it made may come in either order.
+    let (head, tail) = seen.split_at(expected.len() - 2);
+    assert_eq!(head, &expected[..expected.len() - 2], "events: {seen:?}");
+    let mut tail = tail.to_vec();
+    tail.sort();
+    assert_eq!(tail, ["lock.acquire", "lock.release"], "events: {seen:?}");
+}
+
+#[test]
+fn info_counts_handoffs_releases_extends_refusals_and_wait_times() {
+    let server = Server::start_with(&["--lock.max-waiters", "1"]);
+    let mut c = server.client();
+    let before = |c: &mut Connection, f: &str| info_field(c, f);
+    for f in [
+        "handoffs_total",
+        "releases_total",
+        "extends_total",
+        "maxwaiters_total",
+        "given_back_total",
+        "wait_ms_count",
+        "wait_ms_sum",
+    ] {
+        assert_eq!(before(&mut c, f), 0, "{f} starts at 0");
+    }
+    // An immediate grant and its re-entry: not hand-overs.
+    int(&mut c, &["LOCK.ACQUIRE", "k", "h", LONG]);
+    int(&mut c, &["LOCK.ACQUIRE", "k", "h", LONG]);
+    assert_eq!(int(&mut c, &["LOCK.EXTEND", "k", "h", LONG]), 1);
+    assert!(err(&mut c, &["LOCK.EXTEND", "k", "nobody", LONG]).starts_with("NOTOWNER"));
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "k", "w", LONG, "WAIT", "0"],
+        1,
+    );
+    // The queue is full (max-waiters 1): refused with MAXWAITERS.
+    assert!(err(&mut c, &["LOCK.ACQUIRE", "k", "x", LONG, "WAIT", "0"]).starts_with("MAXWAITERS"));
+    // The waiter waits at least 150 ms (it was queued before the sleep).
+    thread::sleep(Duration::from_millis(150));
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "k", "h"]), 1);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "k", "h"]), 0);
+    waiter.token();
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "k", "w"]), 0);
+    assert!(err(&mut c, &["LOCK.RELEASE", "k", "w"]).starts_with("NOTOWNER"));
+
+    assert_eq!(info_field(&mut c, "handoffs_total"), 1);
+    assert_eq!(
+        info_field(&mut c, "releases_total"),
+        3,
+        "two by h, one by w"
+    );
+    assert_eq!(info_field(&mut c, "extends_total"), 1);
+    assert_eq!(info_field(&mut c, "maxwaiters_total"), 1);
+    assert_eq!(info_field(&mut c, "grants_total"), 3);
+    assert_eq!(info_field(&mut c, "wait_ms_count"), 1);
+    assert!(info_field(&mut c, "wait_ms_sum") >= 150);
+    // Cumulative buckets: the wait is above 100 ms, and every bucket above counts it once
+    // it fits (60 s certainly).
+    assert_eq!(info_field(&mut c, "wait_ms_le_100"), 0);
+    assert_eq!(info_field(&mut c, "wait_ms_le_60000"), 1);
+    let buckets: Vec<u64> = [1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000]
+        .iter()
+        .map(|b| info_field(&mut c, &format!("wait_ms_le_{b}")))
+        .collect();
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+}
