@@ -199,3 +199,15 @@ def test_lost_flag_without_watchdog_follows_the_lease(r: "redis.Redis[bytes]") -
         lock2.reacquire()
     assert not lock2.lost  # confirmed extends move the validity forward
     lock2.release()
+
+
+def test_watchdog_stops_when_the_lock_object_is_collected(r: "redis.Redis[bytes]") -> None:
+    """Like python-redis-lock's auto-renewal: a Lock dropped without a release is not renewed
+    forever by its watchdog; the lease runs out."""
+    import gc
+
+    lock = Lock(r, "k", timeout=0.5, watchdog=True)
+    assert lock.acquire()
+    del lock
+    gc.collect()
+    wait_for(lambda: Lock(r, "k").info() is None, 10, what="the lease to run out")

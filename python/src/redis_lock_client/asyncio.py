@@ -353,7 +353,7 @@ class Lock:
         self.local.token = owner
         self.local.hold = hold
         if self.watchdog:
-            hold.watchdog = asyncio.ensure_future(_watch(self.redis, self.name, hold, self.on_lost))
+            hold.watchdog = asyncio.ensure_future(_watch(self.redis, self.name, hold, self.on_lost, weakref.ref(self)))
         return True
 
     async def locked(self) -> bool:
@@ -564,7 +564,7 @@ async def _stop_watchdog(hold: Any) -> None:
             pass
 
 
-async def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost]) -> None:
+async def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost], owner_ref: "weakref.ref[Any]") -> None:
     interval = None if hold.ttl is None else hold.ttl / 3
     ttl_ms_ = None if hold.ttl is None else max(1, int(hold.ttl * 1000))
     source = None
@@ -577,8 +577,8 @@ async def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost])
             if interval is not None:
                 step = min(step, max(0.0, next_extend - now))
             await asyncio.sleep(max(0.0, step))
-            if hold.stopped:
-                return
+            if hold.stopped or owner_ref() is None:
+                return  # released, or the Lock object was garbage-collected
             if hold.lost_error(name) is not None:
                 break
             if interval is None or time.monotonic() < next_extend:
@@ -903,7 +903,7 @@ class Redlock:
                 self.local.token = owner
                 self.local.hold = hold
                 if self.watchdog:
-                    hold.watchdog = asyncio.ensure_future(self._watch(hold))
+                    hold.watchdog = asyncio.ensure_future(_redlock_watch(weakref.ref(self), hold))
                 return True
             if granted or any(o.kind == "unreachable" for o in outcomes):
                 await self._release_everywhere(owner, links, outcomes)
@@ -1071,26 +1071,31 @@ class Redlock:
             raise hold.loss
         raise QuorumUnreachableError("Redlock: too few servers confirmed the extend", self.name, named)
 
-    async def _watch(self, hold: _RedHold) -> None:
-        interval = hold.ttl / 3
-        next_extend = time.monotonic() + interval
-        while True:
-            await asyncio.sleep(min(0.1, max(0.0, next_extend - time.monotonic())))
-            if hold.stopped:
-                return
-            if self._lost_error(hold) is not None:
-                break
-            if time.monotonic() < next_extend:
-                continue
-            try:
-                await self._extend(hold, self._ttl_ms)
-                next_extend = time.monotonic() + interval
-            except LockLostError:
-                break
-            except LockError as e:
-                logger.warning("redlock watchdog: extend of %r not confirmed: %s", self.name, e)
-                next_extend = time.monotonic() + min(interval, 0.5)
-        if not hold.stopped:
-            err = self._lost_error(hold)
-            if err is not None:
-                await _notify(self.on_lost, err, self.name)
+
+async def _redlock_watch(ref: "weakref.ref[Redlock]", hold: _RedHold) -> None:
+    """The Redlock watchdog task; holds its Redlock weakly (stops when it is collected)."""
+    interval = hold.ttl / 3
+    next_extend = time.monotonic() + interval
+    while True:
+        rl = None  # no strong reference while sleeping
+        await asyncio.sleep(min(0.1, max(0.0, next_extend - time.monotonic())))
+        rl = ref()
+        if hold.stopped or rl is None:
+            return
+        if rl._lost_error(hold) is not None:
+            break
+        if time.monotonic() < next_extend:
+            continue
+        try:
+            await rl._extend(hold, rl._ttl_ms)
+            next_extend = time.monotonic() + interval
+        except LockLostError:
+            break
+        except LockError as e:
+            logger.warning("redlock watchdog: extend of %r not confirmed: %s", rl.name, e)
+            next_extend = time.monotonic() + min(interval, 0.5)
+    rl = ref()
+    if not hold.stopped and rl is not None:
+        err = rl._lost_error(hold)
+        if err is not None:
+            await _notify(rl.on_lost, err, rl.name)

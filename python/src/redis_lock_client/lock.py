@@ -7,6 +7,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from types import TracebackType
 from typing import Any, Callable, List, Literal, Optional, Type, Union
 
@@ -514,7 +515,7 @@ class Lock:
     def _start_watchdog(self, hold: _Hold) -> None:
         t = threading.Thread(
             target=_watch,
-            args=(self.redis, self.name, hold, self.on_lost),
+            args=(self.redis, self.name, hold, self.on_lost, weakref.ref(self)),
             name=f"redis-lock-watchdog:{self.name!r}",
             daemon=True,
         )
@@ -529,7 +530,7 @@ class Lock:
             t.join()
 
 
-def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost]) -> None:
+def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost], owner_ref: "weakref.ref[Any]") -> None:
     """The watchdog: extends the lease every third of its ttl over a connection of its own
     whose read timeout is what is left of the lease; a bound hold's connection is also looked
     at every 0.1 s (without sending anything). Reports a loss once."""
@@ -546,6 +547,8 @@ def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost]) -> No
                 step = min(step, max(0.0, next_extend - now))
             if hold.stop.wait(max(0.0, step)):
                 return
+            if owner_ref() is None:
+                return  # the Lock object was garbage-collected without a release: stop renewing
             err = hold.lost_error(name)
             if err is not None:
                 break

@@ -7,6 +7,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
@@ -487,37 +488,44 @@ class Redlock:
         raise QuorumUnreachableError("Redlock: too few servers confirmed the extend", self.name, named)
 
     def _start_watchdog(self, hold: _RedHold) -> None:
-        t = threading.Thread(target=self._watch, args=(hold,), name="redlock-watchdog", daemon=True)
+        t = threading.Thread(target=_redlock_watch, args=(weakref.ref(self), hold), name="redlock-watchdog", daemon=True)
         hold.watchdog = t
         t.start()
 
-    def _watch(self, hold: _RedHold) -> None:
-        interval = hold.ttl / 3
-        next_extend = time.monotonic() + interval
-        while True:
-            step = min(0.1, max(0.0, next_extend - time.monotonic()))
-            if hold.stop.wait(step):
-                return
-            if self._lost_error(hold) is not None:
-                break
-            if time.monotonic() < next_extend:
-                continue
-            try:
-                self._extend(hold, self._ttl_ms)
-                next_extend = time.monotonic() + interval
-            except LockLostError:
-                break
-            except LockError as e:
-                logger.warning("redlock watchdog: extend of %r not confirmed: %s", self.name, e)
-                next_extend = time.monotonic() + min(interval, 0.5)
-        if hold.stop.is_set():
+
+def _redlock_watch(ref: "weakref.ref[Redlock]", hold: _RedHold) -> None:
+    """The Redlock watchdog thread; holds its Redlock weakly (stops when it is collected)."""
+    interval = hold.ttl / 3
+    next_extend = time.monotonic() + interval
+    while True:
+        rl = None  # no strong reference while waiting
+        step = min(0.1, max(0.0, next_extend - time.monotonic()))
+        if hold.stop.wait(step):
             return
-        err = self._lost_error(hold)
-        if err is not None and self.on_lost is not None:
-            try:
-                self.on_lost(err)
-            except Exception:  # noqa: BLE001
-                logger.exception("redlock watchdog: on_lost callback of %r raised", self.name)
+        rl = ref()
+        if rl is None:
+            return
+        if rl._lost_error(hold) is not None:
+            break
+        if time.monotonic() < next_extend:
+            continue
+        try:
+            rl._extend(hold, rl._ttl_ms)
+            next_extend = time.monotonic() + interval
+        except LockLostError:
+            break
+        except LockError as e:
+            logger.warning("redlock watchdog: extend of %r not confirmed: %s", rl.name, e)
+            next_extend = time.monotonic() + min(interval, 0.5)
+    rl = ref()
+    if hold.stop.is_set() or rl is None:
+        return
+    err = rl._lost_error(hold)
+    if err is not None and rl.on_lost is not None:
+        try:
+            rl.on_lost(err)
+        except Exception:  # noqa: BLE001
+            logger.exception("redlock watchdog: on_lost callback of %r raised", rl.name)
 
 
 class _Local(threading.local):
