@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         Duration::from_secs(10),
                     )
                     .await?;
-                println!("task {i} holds token {}", guard.fencing_token());
+                println!("task {i} holds token {:?}", guard.fencing_token());
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 guard.release().await
             })

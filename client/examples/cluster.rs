@@ -23,7 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let guard = client
             .lock(key, Duration::from_secs(10), Duration::from_secs(2))
             .await?;
-        println!("{key}: token {}", guard.fencing_token());
+        println!("{key}: token {:?}", guard.fencing_token());
         guard.release().await?;
     }
     Ok(())

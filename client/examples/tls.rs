@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guard = client
         .try_lock("example:tls", Duration::from_secs(10))
         .await?;
-    println!("async: token {}", guard.fencing_token());
+    println!("async: token {:?}", guard.fencing_token());
     guard.release().await?;
     Ok(())
 }

@@ -61,9 +61,11 @@ use tokio::sync::watch;
 
 use crate::info::OwnerIdentity;
 use crate::instance::WAIT_REPLY_MARGIN;
+use rand::Rng;
+
 use crate::{
     acquire_outcome, classify, drift, extend_cmd, millis, release_cmd, release_one_cmd, Acquire,
-    LockError, LockInfo, LostLock, Mode, Outcome, Watchdog, SINGLE_SERVER_MARGIN,
+    LockError, LockInfo, LostLock, Mode, Outcome, WaitStrategy, Watchdog, SINGLE_SERVER_MARGIN,
     WAITED_GRANT_MARGIN,
 };
 
@@ -367,7 +369,15 @@ impl AsyncLockClient {
             .checked_sub(SINGLE_SERVER_MARGIN)
             .unwrap_or_else(Instant::now);
         let min_replicas = request.min_replicas;
-        let guard = AsyncLockGuard::new(self.clone(), key, owner, request, token, deadline);
+        let guard = AsyncLockGuard::new(
+            Arc::new([self.clone()]),
+            1,
+            key,
+            owner,
+            request,
+            vec![(0, token)],
+            deadline,
+        );
         let Some((replicas, timeout)) = min_replicas else {
             if let Some(conn) = conn {
                 self.inner.put_back(conn);
@@ -470,12 +480,7 @@ impl AsyncLockClient {
         F: FnOnce(LostSignal) -> Fut,
         Fut: Future<Output = T>,
     {
-        let request = if request.watchdog.is_none() {
-            request.watchdog(Watchdog::new())
-        } else {
-            request
-        };
-        let guard = self.acquire(key, request).await?;
+        let guard = self.acquire(key, crate::with_watchdog(request)).await?;
         let out = work(guard.lost_signal()).await;
         // A release that fails leaves the hold to its ttl; `work`'s result stands.
         let _ = guard.release().await;
@@ -492,6 +497,41 @@ impl AsyncLockClient {
     }
 }
 
+/// The same command to every server at once (each over its shared connection); one result
+/// per server, in order. `cmds[i] == None` skips server `i` (its result is "not sent").
+async fn on_all(
+    clients: &[AsyncLockClient],
+    cmds: Vec<Option<Cmd>>,
+) -> Vec<Result<Value, Outcome>> {
+    if let ([client], [Some(cmd)]) = (clients, cmds.as_slice()) {
+        return vec![client.inner.short(cmd).await];
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for (i, (client, cmd)) in clients.iter().zip(cmds).enumerate() {
+        if let Some(cmd) = cmd {
+            let client = client.clone();
+            set.spawn(async move { (i, client.inner.short(&cmd).await) });
+        }
+    }
+    let mut results: Vec<Result<Value, Outcome>> = (0..clients.len())
+        .map(|_| Err(Outcome::Unreachable("not sent".into())))
+        .collect();
+    while let Some(done) = set.join_next().await {
+        if let Ok((i, r)) = done {
+            results[i] = r;
+        }
+    }
+    results
+}
+
+fn named_all(clients: &[AsyncLockClient], outcomes: Vec<Outcome>) -> Vec<(String, Outcome)> {
+    clients
+        .iter()
+        .map(|c| c.inner.name.clone())
+        .zip(outcomes)
+        .collect()
+}
+
 /// The lease as far as the client knows it (see the sync guard's `Lease`).
 struct Lease {
     valid_until: Instant,
@@ -499,13 +539,16 @@ struct Lease {
 }
 
 struct GuardState {
-    client: AsyncLockClient,
+    /// The servers (one for an [`AsyncLockClient`], N for an [`AsyncRedlock`]).
+    clients: Arc<[AsyncLockClient]>,
+    quorum: usize,
     key: String,
     owner: String,
     mode: Mode,
     ttl: Duration,
     release_all: bool,
-    token: u64,
+    /// (server index, token) for every server that granted.
+    tokens: Vec<(usize, u64)>,
     lease: Mutex<Lease>,
     released: AtomicBool,
     /// Set to true, once, when the lock is known lost.
@@ -515,6 +558,10 @@ struct GuardState {
 impl GuardState {
     fn lease(&self) -> MutexGuard<'_, Lease> {
         self.lease.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn named(&self, outcomes: Vec<Outcome>) -> Vec<(String, Outcome)> {
+        named_all(&self.clients, outcomes)
     }
 
     fn is_lost(&self) -> bool {
@@ -537,6 +584,9 @@ impl GuardState {
         loss
     }
 
+    /// LOCK.EXTEND on every server: Ok with the new validity when a quorum confirmed it;
+    /// `NotOwner` (lost) when too many servers say the owner holds nothing; `Expired` (lost)
+    /// when validity ran out first; `Unreachable` otherwise (not conclusive).
     async fn extend(&self) -> Result<Duration, LockError> {
         let started = Instant::now();
         {
@@ -549,48 +599,45 @@ impl GuardState {
                 return Err(self.lose(LockError::Expired { causes: Vec::new() }));
             }
         }
-        let reply = self
-            .client
-            .inner
-            .short(&extend_cmd(&self.key, &self.owner, self.ttl))
-            .await;
+        let cmd = extend_cmd(&self.key, &self.owner, self.ttl);
+        let outcomes: Vec<Outcome> = on_all(&self.clients, vec![Some(cmd); self.clients.len()])
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(Value::Int(_)) => Outcome::Granted(0),
+                Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
+                Err(o) => o,
+            })
+            .collect();
         let elapsed = started.elapsed();
-        match reply {
-            Ok(Value::Int(_)) => {
-                let mut lease = self.lease();
-                if let Some(loss) = &lease.loss {
-                    return Err(loss.clone());
-                }
-                let now = Instant::now();
-                if now >= lease.valid_until {
-                    drop(lease);
-                    return Err(self.lose(LockError::Expired {
-                        causes: self.client.named(Outcome::Granted(0)),
-                    }));
-                }
-                let v = self.ttl.saturating_sub(elapsed + drift(self.ttl));
-                lease.valid_until = lease.valid_until.max(started + elapsed + v);
-                Ok(lease.valid_until.saturating_duration_since(now))
+        let ok = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Granted(_)))
+            .count();
+        let gone = outcomes.iter().filter(|o| o.is_refusal()).count();
+        let n = outcomes.len();
+        let causes = self.named(outcomes);
+        let mut lease = self.lease();
+        if let Some(loss) = &lease.loss {
+            return Err(loss.clone());
+        }
+        let now = Instant::now();
+        if ok >= self.quorum {
+            if now >= lease.valid_until {
+                // Confirmed too late: the lock may have been free in between. It stays lost.
+                drop(lease);
+                return Err(self.lose(LockError::Expired { causes }));
             }
-            Ok(other) => Err(LockError::Refused {
-                causes: self
-                    .client
-                    .named(Outcome::Refused(format!("unexpected reply {other:?}"))),
-            }),
-            Err(o @ Outcome::Unreachable(_)) => Err(LockError::Unreachable {
-                causes: self.client.named(o),
-            }),
-            // NOTOWNER (or another refusal): the owner holds nothing there any more.
-            Err(o) => {
-                let e = match classify(&self.client.named(o), 1) {
-                    e @ LockError::NotOwner { .. } => e,
-                    other => LockError::NotOwner {
-                        causes: other.causes().to_vec(),
-                    },
-                };
-                Err(self.lose(e))
+            if let Some(v) = self.ttl.checked_sub(elapsed + drift(self.ttl)) {
+                lease.valid_until = lease.valid_until.max(started + elapsed + v);
+                return Ok(lease.valid_until.saturating_duration_since(now));
             }
         }
+        drop(lease);
+        if n - gone < self.quorum {
+            return Err(self.lose(LockError::NotOwner { causes }));
+        }
+        Err(LockError::Unreachable { causes })
     }
 
     async fn release(&self) -> Result<(), LockError> {
@@ -602,17 +649,29 @@ impl GuardState {
         } else {
             release_one_cmd(&self.key, &self.owner)
         };
-        match self.client.inner.short(&cmd).await {
-            // NOTOWNER counts as done: the hold is gone either way.
-            Ok(_) | Err(Outcome::NotOwner(_)) => Ok(()),
-            Err(o) => Err(classify(&self.client.named(o), 1)),
+        let outcomes: Vec<Outcome> = on_all(&self.clients, vec![Some(cmd); self.clients.len()])
+            .await
+            .into_iter()
+            .map(|r| match r {
+                // NOTOWNER (or any answer) counts as done: the hold is gone either way.
+                Err(o @ Outcome::Unreachable(_)) => o,
+                _ => Outcome::Granted(0),
+            })
+            .collect();
+        if outcomes.iter().all(|o| matches!(o, Outcome::Granted(_))) {
+            Ok(())
+        } else {
+            Err(LockError::Unreachable {
+                causes: self.named(outcomes),
+            })
         }
     }
 }
 
-/// A held lock or semaphore permit of an [`AsyncLockClient`]. Released by
-/// [`AsyncLockGuard::release`], or on drop by a task spawned on the runtime it was acquired on
-/// (the drop itself never blocks). A [`Watchdog`] of the request runs as a task until then.
+/// A held lock or semaphore permit of an [`AsyncLockClient`] (or a lock of an
+/// [`AsyncRedlock`]). Released by [`AsyncLockGuard::release`], or on drop by a task spawned on
+/// the runtime it was acquired on (the drop itself never blocks). A [`Watchdog`] of the request
+/// runs as a task until then.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct AsyncLockGuard {
     state: Arc<GuardState>,
@@ -622,23 +681,26 @@ pub struct AsyncLockGuard {
 }
 
 impl AsyncLockGuard {
+    #[allow(clippy::too_many_arguments)]
     fn new(
-        client: AsyncLockClient,
+        clients: Arc<[AsyncLockClient]>,
+        quorum: usize,
         key: &str,
         owner: String,
         request: Acquire,
-        token: u64,
+        tokens: Vec<(usize, u64)>,
         valid_until: Instant,
     ) -> Self {
         let (tx, rx) = watch::channel(false);
         let state = Arc::new(GuardState {
-            client,
+            clients,
+            quorum,
             key: key.to_string(),
             owner,
             mode: request.mode,
             ttl: request.ttl,
             release_all: request.release_all(),
-            token,
+            tokens,
             lease: Mutex::new(Lease {
                 valid_until,
                 loss: None,
@@ -674,9 +736,24 @@ impl AsyncLockGuard {
         self.state.mode
     }
 
-    /// The grant's fencing token.
-    pub fn fencing_token(&self) -> u64 {
-        self.state.token
+    /// The grant's fencing token, for a lock (or permit) on one server; `None` for a Redlock,
+    /// whose servers' tokens are not comparable (see [`AsyncLockGuard::tokens`]).
+    pub fn fencing_token(&self) -> Option<u64> {
+        fencing_token(&self.state)
+    }
+
+    /// (server, token) for every server that granted the lock.
+    pub fn tokens(&self) -> Vec<(String, u64)> {
+        self.state
+            .tokens
+            .iter()
+            .filter_map(|(i, t)| {
+                self.state
+                    .clients
+                    .get(*i)
+                    .map(|c| (c.inner.name.clone(), *t))
+            })
+            .collect()
     }
 
     /// How much longer the lock is certainly held (zero once expired or lost).
@@ -691,7 +768,7 @@ impl AsyncLockGuard {
     }
 
     /// True once the lock may no longer be held: its validity ran out without a confirmed
-    /// extend, or the server said the owner no longer holds it. Stays true.
+    /// extend, or the servers said the owner no longer holds it. Stays true.
     pub fn is_lost(&self) -> bool {
         self.state.is_lost()
     }
@@ -704,31 +781,41 @@ impl AsyncLockGuard {
         }
     }
 
-    /// How many holds this guard's owner has of the key (`LOCK.INFO`): 1 for a random owner,
-    /// more when guards of one explicit owner re-entered it, 0 once the hold is gone.
+    /// How many holds this guard's owner has of the key (`LOCK.INFO` on the first server that
+    /// granted): 1 for a random owner, more when guards of one explicit owner re-entered it, 0
+    /// once the hold is gone.
     pub async fn hold_count(&self) -> Result<u64, LockError> {
-        Ok(self
-            .state
-            .client
+        let i = self.state.tokens.first().map_or(0, |(i, _)| *i);
+        let Some(client) = self.state.clients.get(i) else {
+            return Ok(0);
+        };
+        Ok(client
             .info(&self.state.key)
             .await?
-            .map_or(0, |i| i.hold_count(&self.state.owner)))
+            .map_or(0, |info| info.hold_count(&self.state.owner)))
     }
 
     /// Renews the lease for another ttl; returns the new validity. [`LockError::NotOwner`]
-    /// (the guard is then lost) when the server says the owner holds nothing; `Unreachable`
+    /// (the guard is then lost) when the servers say the owner holds nothing; `Unreachable`
     /// is not conclusive; `Expired` when validity had run out first.
     pub async fn extend(&self) -> Result<Duration, LockError> {
         self.state.extend().await
     }
 
     /// Stops the watchdog and releases the hold (one hold for an explicit owner), waiting for
-    /// the server's answer. A hold that is already gone counts as released.
+    /// the servers' answers. A hold that is already gone counts as released.
     pub async fn release(mut self) -> Result<(), LockError> {
         if let Some(w) = self.watchdog.take() {
             w.abort();
         }
         self.state.release().await
+    }
+}
+
+fn fencing_token(state: &GuardState) -> Option<u64> {
+    match (&state.tokens[..], state.clients.len()) {
+        ([(_, t)], 1) => Some(*t),
+        _ => None,
     }
 }
 
@@ -759,7 +846,7 @@ impl std::fmt::Debug for AsyncLockGuard {
             .field("key", &self.state.key)
             .field("owner", &self.state.owner)
             .field("mode", &self.state.mode)
-            .field("token", &self.state.token)
+            .field("tokens", &self.state.tokens)
             .finish()
     }
 }
@@ -784,9 +871,9 @@ impl LostSignal {
         &self.state.key
     }
 
-    /// The fencing token of the grant.
-    pub fn fencing_token(&self) -> u64 {
-        self.state.token
+    /// The fencing token of the grant (one server; `None` for a Redlock).
+    pub fn fencing_token(&self) -> Option<u64> {
+        fencing_token(&self.state)
     }
 
     /// Completes once the lock is lost (at once if it already is). Never completes while the
@@ -842,5 +929,340 @@ async fn run_watchdog(state: Arc<GuardState>, watchdog: Watchdog) {
             }
             Err(_) => next = (period / 4).max(Duration::from_millis(1)),
         }
+    }
+}
+
+/// Redlock on tokio: one lock over N independent servers (N/2+1 must grant), each reached
+/// through an [`AsyncLockClient`] of its own (one shared connection, dedicated ones for
+/// waits). Cheap to clone. Waits as its [`WaitStrategy`] says: by default queued on one
+/// server with the module's `WAIT` (see [`WaitStrategy::Queue`]). Locks only: it refuses
+/// semaphore permits, explicit owners, [`Acquire::bind`] and [`Acquire::min_replicas`] with
+/// [`LockError::InvalidRequest`], as the sync [`crate::Redlock`] does.
+#[derive(Clone)]
+pub struct AsyncRedlock {
+    clients: Arc<[AsyncLockClient]>,
+    quorum: usize,
+    retry_delay: (Duration, Duration),
+    strategy: WaitStrategy,
+    prefix: String,
+}
+
+impl AsyncRedlock {
+    /// One server per URL; `per_instance_timeout` bounds connecting to and each reply from
+    /// one server (the servers are asked at the same time).
+    pub fn new<S: AsRef<str>>(
+        urls: &[S],
+        per_instance_timeout: Duration,
+    ) -> redis::RedisResult<Self> {
+        let clients = urls
+            .iter()
+            .map(|u| AsyncLockClient::new(u.as_ref(), per_instance_timeout))
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        Ok(Self::of(clients))
+    }
+
+    /// The same over existing `redis::Client`s, one per server.
+    pub fn from_clients(clients: Vec<redis::Client>, per_instance_timeout: Duration) -> Self {
+        Self::of(
+            clients
+                .into_iter()
+                .map(|c| AsyncLockClient::from_client(c, per_instance_timeout))
+                .collect(),
+        )
+    }
+
+    fn of(clients: Vec<AsyncLockClient>) -> Self {
+        let quorum = clients.len() / 2 + 1;
+        AsyncRedlock {
+            clients: clients.into(),
+            quorum,
+            retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
+            strategy: WaitStrategy::Queue,
+            prefix: String::new(),
+        }
+    }
+
+    /// How an acquire with `wait` waits ([`WaitStrategy::Queue`] by default).
+    pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The random delay between polling attempts, in `[min, max)` (default 1 to 20 ms).
+    pub fn retry_delay(mut self, min: Duration, max: Duration) -> Self {
+        self.retry_delay = (min, max.max(min + Duration::from_micros(1)));
+        self
+    }
+
+    /// Owners of this Redlock's guards start with `prefix` (then 32 random hex digits).
+    pub fn owner_prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
+        let prefix = prefix.into();
+        OwnerIdentity::Prefix(prefix.clone()).check()?;
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// How many servers must grant a lock.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    fn jitter(&self) -> Duration {
+        let (min, max) = self.retry_delay;
+        rand::thread_rng().gen_range(min..max)
+    }
+
+    /// Acquires the lock on a majority. Without `wait`, one attempt; with it, attempts repeat
+    /// until the wait is over, waiting in between as the [`WaitStrategy`] says. A failed
+    /// attempt is released everywhere; a refusal ends the attempts at once.
+    pub async fn acquire(&self, key: &str, request: Acquire) -> Result<AsyncLockGuard, LockError> {
+        request.check()?;
+        let invalid = |reason: &str| {
+            Err(LockError::InvalidRequest {
+                reason: format!("AsyncRedlock does not take {reason}"),
+            })
+        };
+        if matches!(request.mode, Mode::Permit { .. }) {
+            return invalid("semaphore permits (see Redlock)");
+        }
+        if request.owner.is_some() {
+            return invalid("an explicit owner (see Redlock)");
+        }
+        if request.bind {
+            return invalid("bind()");
+        }
+        if request.min_replicas.is_some() {
+            return invalid("min_replicas");
+        }
+        let owner = format!("{}{}", self.prefix, crate::info::random_hex());
+        let give_up = Instant::now() + request.wait.unwrap_or_default();
+        let mut backoff = Duration::ZERO;
+        let n = self.clients.len();
+        loop {
+            let started = Instant::now();
+            let cmd = request.command(key, &owner, None);
+            let outcomes: Vec<Outcome> = on_all(&self.clients, vec![Some(cmd); n])
+                .await
+                .into_iter()
+                .map(acquire_outcome)
+                .collect();
+            let tokens: Vec<(usize, u64)> = outcomes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| match o {
+                    Outcome::Granted(t) => Some((i, *t)),
+                    _ => None,
+                })
+                .collect();
+            let elapsed = started.elapsed();
+            let validity = request
+                .ttl
+                .checked_sub(elapsed + drift(request.ttl))
+                .filter(|v| !v.is_zero());
+            if tokens.len() >= self.quorum {
+                if let Some(validity) = validity {
+                    return Ok(self.guard(
+                        key,
+                        &owner,
+                        &request,
+                        tokens,
+                        started + elapsed + validity,
+                    ));
+                }
+            }
+            if !tokens.is_empty()
+                || outcomes
+                    .iter()
+                    .any(|o| matches!(o, Outcome::Unreachable(_)))
+            {
+                self.release(key, &owner).await;
+            }
+            let answered: Vec<bool> = outcomes
+                .iter()
+                .map(|o| !matches!(o, Outcome::Unreachable(_)))
+                .collect();
+            let causes = named_all(&self.clients, outcomes);
+            let error = if tokens.len() >= self.quorum {
+                LockError::Expired { causes }
+            } else {
+                classify(&causes, self.quorum)
+            };
+            let now = Instant::now();
+            if now >= give_up || error.is_refusal() {
+                return Err(error);
+            }
+            if self.strategy == WaitStrategy::Queue {
+                match self
+                    .queue_once(key, &owner, &request, give_up, &answered, &mut backoff)
+                    .await
+                {
+                    Some(done) => return done,
+                    None => continue,
+                }
+            }
+            tokio::time::sleep(self.jitter().min(give_up - now)).await;
+        }
+    }
+
+    fn guard(
+        &self,
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+        tokens: Vec<(usize, u64)>,
+        valid_until: Instant,
+    ) -> AsyncLockGuard {
+        AsyncLockGuard::new(
+            Arc::clone(&self.clients),
+            self.quorum,
+            key,
+            owner.to_string(),
+            request.clone(),
+            tokens,
+            valid_until,
+        )
+    }
+
+    /// `LOCK.RELEASE key owner ALL` everywhere (best effort).
+    async fn release(&self, key: &str, owner: &str) {
+        let n = self.clients.len();
+        on_all(&self.clients, vec![Some(release_cmd(key, owner)); n]).await;
+    }
+
+    /// One queued round, as the sync [`crate::Redlock`] does it: wait on the key's designated
+    /// server for at most a slice; when it grants, ask the others. `Some` ends the acquire.
+    async fn queue_once(
+        &self,
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+        give_up: Instant,
+        answered: &[bool],
+        backoff: &mut Duration,
+    ) -> Option<Result<AsyncLockGuard, LockError>> {
+        let n = self.clients.len();
+        let designated = crate::designated_server(key, answered, n);
+        let slice = give_up
+            .saturating_duration_since(Instant::now())
+            .min(crate::QUEUE_SLICE);
+        if slice < Duration::from_millis(1) {
+            return None;
+        }
+        let client = &self.clients[designated];
+        let first = match client.inner.dedicated().await {
+            Ok(conn) => {
+                let bound = slice.saturating_add(client.inner.timeout + WAIT_REPLY_MARGIN);
+                let cmd = request.command(key, owner, Some(slice));
+                let (conn, reply) = on_dedicated(conn, &cmd, bound).await;
+                if let Some(conn) = conn {
+                    client.inner.put_back(conn);
+                }
+                acquire_outcome(reply)
+            }
+            Err(o) => o,
+        };
+        let granted_at = Instant::now()
+            .checked_sub(WAITED_GRANT_MARGIN)
+            .unwrap_or_else(Instant::now);
+        let give_up_left = || give_up.saturating_duration_since(Instant::now());
+        match first {
+            Outcome::Granted(token) => {
+                let mut tokens = vec![(designated, token)];
+                let mut outcomes: Vec<Outcome> = Vec::new();
+                // The previous holder's releases may still be on their way: a few quick tries.
+                for pause in [0u64, 1, 2, 4, 8] {
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    let cmds: Vec<Option<Cmd>> = (0..n)
+                        .map(|j| {
+                            (!tokens.iter().any(|(i, _)| *i == j))
+                                .then(|| request.command(key, owner, None))
+                        })
+                        .collect();
+                    outcomes = on_all(&self.clients, cmds.clone())
+                        .await
+                        .into_iter()
+                        .map(acquire_outcome)
+                        .collect();
+                    for (j, o) in outcomes.iter().enumerate() {
+                        if let (Outcome::Granted(t), Some(_)) = (o, &cmds[j]) {
+                            tokens.push((j, *t));
+                        }
+                    }
+                    if tokens.len() >= self.quorum
+                        || outcomes.iter().any(|o| o.is_refusal())
+                        || Instant::now() >= give_up
+                    {
+                        break;
+                    }
+                }
+                let validity = request
+                    .ttl
+                    .checked_sub(granted_at.elapsed() + drift(request.ttl))
+                    .filter(|v| !v.is_zero());
+                if tokens.len() >= self.quorum {
+                    if let Some(validity) = validity {
+                        tokens.sort_unstable();
+                        return Some(Ok(self.guard(
+                            key,
+                            owner,
+                            request,
+                            tokens,
+                            Instant::now() + validity,
+                        )));
+                    }
+                }
+                self.release(key, owner).await;
+                let error = classify(&named_all(&self.clients, outcomes), self.quorum);
+                if error.is_refusal() {
+                    return Some(Err(error));
+                }
+                let (min, _) = self.retry_delay;
+                *backoff =
+                    (*backoff * 2).clamp(min.max(Duration::from_millis(20)), crate::QUEUE_SLICE);
+                let delay = rand::thread_rng().gen_range(*backoff / 2..=*backoff);
+                tokio::time::sleep(delay.min(give_up_left())).await;
+                None
+            }
+            Outcome::Held => None,
+            Outcome::MaxWaiters(_) => {
+                *backoff = (*backoff * 2).clamp(Duration::from_millis(20), crate::QUEUE_SLICE);
+                let delay = rand::thread_rng().gen_range(*backoff / 2..=*backoff);
+                tokio::time::sleep(delay.min(give_up_left())).await;
+                None
+            }
+            Outcome::Unreachable(_) => {
+                tokio::time::sleep(self.jitter().min(give_up_left())).await;
+                None
+            }
+            refused => {
+                let outcomes = (0..n)
+                    .map(|i| {
+                        if i == designated {
+                            refused.clone()
+                        } else {
+                            Outcome::Unreachable("not asked".into())
+                        }
+                    })
+                    .collect();
+                Some(Err(classify(&named_all(&self.clients, outcomes), 1)))
+            }
+        }
+    }
+
+    /// As [`AsyncLockClient::using`], over the quorum lock.
+    pub async fn using<T, F, Fut>(
+        &self,
+        key: &str,
+        request: Acquire,
+        work: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(LostSignal) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire(key, crate::with_watchdog(request)).await?;
+        let out = work(guard.lost_signal()).await;
+        let _ = guard.release().await;
+        Ok(out)
     }
 }

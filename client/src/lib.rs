@@ -1192,7 +1192,20 @@ pub enum WaitStrategy {
 }
 
 /// The longest server-side wait of one [`WaitStrategy::Queue`] slice.
-const QUEUE_SLICE: Duration = Duration::from_secs(1);
+pub(crate) const QUEUE_SLICE: Duration = Duration::from_secs(1);
+
+/// The server a [`WaitStrategy::Queue`] waiter of `key` queues on: the same for every waiter
+/// of the key (so they queue in one FIFO), chosen from the key's bytes, skipping servers that
+/// did not answer the last attempt (`answered[i]` false).
+pub(crate) fn designated_server(key: &str, answered: &[bool], n: usize) -> usize {
+    let home = key.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    }) % n.max(1);
+    (0..n)
+        .map(|k| (home + k) % n)
+        .find(|&i| answered.get(i).copied().unwrap_or(true))
+        .unwrap_or(home)
+}
 
 impl Redlock {
     /// `per_instance_timeout` bounds connecting to and each reply from one server; a slow or
@@ -1425,14 +1438,7 @@ impl Redlock {
     ) -> Option<Result<LockGuard, LockError>> {
         let n = self.servers.instances.len();
         let quorum = self.servers.quorum;
-        // The same server for every waiter of the key, so they queue in one FIFO.
-        let home = key.bytes().fold(0usize, |h, b| {
-            h.wrapping_mul(31).wrapping_add(usize::from(b))
-        }) % n;
-        let designated = (0..n)
-            .map(|k| (home + k) % n)
-            .find(|&i| answered.get(i).copied().unwrap_or(true))
-            .unwrap_or(home);
+        let designated = designated_server(key, answered, n);
         let slice = give_up
             .saturating_duration_since(Instant::now())
             .min(QUEUE_SLICE);

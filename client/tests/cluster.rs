@@ -105,7 +105,7 @@ async fn a_key_on_every_master_and_waits_across_the_cluster() {
                 client
                     .lock(&key, ttl, Duration::from_secs(8))
                     .await
-                    .map(|g| g.fencing_token())
+                    .map(|g| g.fencing_token().unwrap())
             })
         })
         .collect();
@@ -120,7 +120,7 @@ async fn a_key_on_every_master_and_waits_across_the_cluster() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token().unwrap()).collect();
     for g in guards {
         g.release().await.unwrap();
     }
