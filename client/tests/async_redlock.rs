@@ -120,7 +120,7 @@ async fn tasks_sharing_one_redlock_take_turns_and_queued_waiters_are_quiet() {
             tokio::spawn(async move {
                 rl.acquire("quiet", Acquire::write(ttl).wait(PATIENCE * 2))
                     .await
-                    .map(|g| drop(g))
+                    .map(drop)
             })
         })
         .collect();
