@@ -15,6 +15,9 @@
 //! was cancelled (the acquire future dropped), is closed, which also takes its waiter out of
 //! the server's queue.
 //!
+//! [`AsyncRedlock`] is the quorum lock over N independent servers, one [`AsyncLockClient`]
+//! per server, with queued waits as [`crate::Redlock`] has them.
+//!
 //! With the cargo feature `cluster`, [`AsyncLockClient::cluster`] speaks to a Redis Cluster
 //! through the `redis` crate's cluster client (slot routing by key, `MOVED` and `ASK`
 //! followed): the same API, with dedicated cluster connections for waits.

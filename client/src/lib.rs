@@ -8,7 +8,8 @@
 //!   majority (N/2+1) granted it; requests go to all servers in parallel, each bounded by a
 //!   per-instance timeout. Locks only: it refuses semaphore permits.
 //!
-//! - [`aio::AsyncLockClient`] (cargo feature `tokio`, on by default): the same on tokio, cheap
+//! - [`aio::AsyncLockClient`] and [`aio::AsyncRedlock`] (cargo feature `tokio`, on by
+//!   default): the same on tokio, cheap
 //!   to clone and share across tasks, over one multiplexed connection plus dedicated ones for
 //!   waits; a Redis Cluster with the feature `cluster` (on by default); `using` with a
 //!   lost-lock signal. See [`aio`].
