@@ -1,5 +1,6 @@
 # redis-lock: `make run` builds the module and starts redis-server with it; `make test` runs
-# every test. Both install redis-server and libclang-dev with apt-get when they are missing;
+# every test. Both install redis-server, libclang-dev and prometheus-redis-exporter with apt-get
+# when they are missing;
 # `make test-valkey` runs the same tests on Valkey 8 (installed from bookworm-backports).
 
 PORT ?= 6379

@@ -2,7 +2,8 @@
 # Installs what building and testing the module needs on a Debian machine, when missing.
 # Idempotent: does nothing (and asks no registry) when everything is present.
 #
-#   scripts/ensure-deps.sh            redis-server, redis-cli, redis-benchmark, libclang
+#   scripts/ensure-deps.sh            redis-server, redis-cli, redis-benchmark, libclang,
+#                                     prometheus-redis-exporter (for one test)
 #   scripts/ensure-deps.sh valkey     also valkey-server 8 (from bookworm-backports)
 #
 # libclang: bindgen (run by the redis-module crate's build script) loads `libclang.so` or
@@ -50,13 +51,18 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
 have_libclang || missing+=(libclang-dev)
+# The Python client's tests run in a virtual environment (Debian's python3 needs python3-venv).
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# Prometheus's redis_exporter, for the test of the shipped collect script (tests/observability.rs).
+command -v prometheus-redis-exporter >/dev/null 2>&1 || command -v redis_exporter >/dev/null 2>&1 \
+  || missing+=(prometheus-redis-exporter)
 
 if [ ${#missing[@]} -gt 0 ]; then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
   echo "ensure-deps: installing ${missing[*]}" >&2
   apt_update
-  # redis-server's package starts a system service where systemd runs; the tests and `make run`
-  # start their own servers on other ports, so that service is harmless.
+  # redis-server's and the exporter's packages start system services where systemd runs (ports
+  # 6379 and 9121); the tests and `make run` start their own on free ports, so they are harmless.
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 

@@ -227,3 +227,67 @@ fn info_counts_handoffs_releases_extends_refusals_and_wait_times() {
         .collect();
     assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
 }
+
+/// The shipped collect script for Prometheus's redis_exporter publishes every `INFO lock`
+/// field: scraped over HTTP from the real exporter after a scripted sequence, each equals the
+/// server's own figure, and the known ones have their known values.
+#[test]
+fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "h", LONG]);
+    assert_eq!(int(&mut c, &["LOCK.EXTEND", "k", "h", LONG]), 1);
+    let timed_out = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "k", "t", LONG, "WAIT", "20"],
+        1,
+    );
+    assert_eq!(timed_out.join().unwrap(), Value::Nil);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.RWREAD", "k", "r", LONG, "WAIT", "0"],
+        1,
+    );
+    thread::sleep(Duration::from_millis(150));
+    int(&mut c, &["LOCK.RELEASE", "k", "h"]);
+    waiter.token();
+
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("contrib/redis_exporter/lock-metrics.lua");
+    let exporter = Exporter::start(server.port, &script);
+    let metrics = exporter.scrape();
+    let values = script_values(&metrics, "redis_script_values");
+    let info = info_section(&mut c, "lock");
+    let lock_fields: Vec<&String> = info.keys().filter(|k| k.starts_with("lock_")).collect();
+    assert!(lock_fields.len() >= 25, "INFO lock: {info:?}");
+    for field in lock_fields {
+        let shown = values
+            .get(field)
+            .unwrap_or_else(|| panic!("{field} not exported:\n{metrics}"));
+        // Nothing changes between the two reads but the ages, which are 0 with nobody waiting.
+        assert_eq!(
+            *shown,
+            info[field].parse::<f64>().unwrap(),
+            "{field} exported as {shown}, INFO says {}",
+            info[field]
+        );
+    }
+    for (field, value) in [
+        ("lock_grants_total", 2.0),
+        ("lock_handoffs_total", 1.0),
+        ("lock_timeouts_total", 1.0),
+        ("lock_extends_total", 1.0),
+        ("lock_releases_total", 1.0),
+        ("lock_readers", 1.0),
+        ("lock_writers", 0.0),
+        ("lock_waiters", 0.0),
+        ("lock_wait_ms_count", 1.0),
+        ("lock_wait_ms_le_100", 0.0),
+        ("lock_wait_ms_le_60000", 1.0),
+    ] {
+        assert_eq!(values[field], value, "{field}");
+    }
+    assert!(values["lock_wait_ms_sum"] >= 150.0);
+}

@@ -1,10 +1,11 @@
 //! Test kit for redis-lock: a real redis-server with the module loaded, on a free loopback port,
 //! killed when the handle drops (no mocks); helpers for commands, `LOCK.INFO`, `INFO` sections
 //! and blocked waiters; Sentinels (same binary, without the module), replication links and
-//! Redis Cluster creation and routing for failover tests. Used by
+//! Redis Cluster creation and routing for failover tests; Prometheus's redis_exporter. Used by
 //! the integration tests (tests/), the client's tests and the benchmark's server launcher.
 
 mod commands;
+mod exporter;
 mod info;
 mod sentinel;
 mod server;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 pub use redis::{Connection, Value};
 
 pub use commands::*;
+pub use exporter::*;
 pub use info::*;
 pub use sentinel::*;
 pub use server::*;
