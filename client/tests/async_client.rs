@@ -501,3 +501,37 @@ async fn measure_async_acquire_latency() {
         bare[N * 99 / 100]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_wait_leaves_the_queue() {
+    let server = Server::start();
+    let client = client(&server);
+    let ttl = Duration::from_secs(10);
+    let holder = client.try_lock("c", ttl).await.unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock("c", ttl, Duration::from_secs(20)).await })
+    };
+    eventually("waiter queued", || async {
+        queued(&client, "c").await == 1
+    })
+    .await;
+    // Cancelling the acquire (as a select! or a timeout does) drops its dedicated connection:
+    // the server takes the waiter out of the queue.
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    eventually("waiter gone", || async { queued(&client, "c").await == 0 }).await;
+    // A timeout around the acquire does the same.
+    let timed = tokio::time::timeout(
+        Duration::from_millis(300),
+        client.lock("c", ttl, Duration::from_secs(20)),
+    )
+    .await;
+    assert!(timed.is_err());
+    eventually("timed-out waiter gone", || async {
+        queued(&client, "c").await == 0
+    })
+    .await;
+    holder.release().await.unwrap();
+    assert!(client.info("c").await.unwrap().is_none(), "nobody got it");
+}
