@@ -189,6 +189,35 @@ pub const SYNC: CommandDoc = CommandDoc {
     args: &[KEY, OWNER, arg("state", ArgKind::String)],
 };
 
+pub const QUEUES: CommandDoc = CommandDoc {
+    name: "lock.queues",
+    arity: -1,
+    flags: "readonly",
+    access: KeyAccess::None,
+    summary: "Lists this server's lock queues, ranked by their longest-waiting client's wait \
+                  (BY AGE, the default) or by their length (BY LENGTH): [key, db, waiting, \
+                  oldest wait ms] each, at most COUNT (default 10, at most 1000).",
+    complexity: "O(W + C log C) where W is the number of keys with waiters and C the count; \
+                 keys without waiters cost nothing",
+    since: SINCE,
+    acl_categories: "read slow",
+    in_module_category: true,
+    args: &[
+        ArgDoc {
+            name: "order",
+            kind: ArgKind::String,
+            token: Some("BY"),
+            optional: true,
+        },
+        ArgDoc {
+            name: "count",
+            kind: ArgKind::Integer,
+            token: Some("COUNT"),
+            optional: true,
+        },
+    ],
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -184,6 +184,19 @@ impl Registry {
         Some(entry)
     }
 
+    /// One summary per (db, key) with queued waiters: (db, key, how many, the oldest one's
+    /// wait in ms at `now`). One look per key: waiter ids grow in arrival order, so the first
+    /// id of a key's set is its oldest waiter.
+    pub fn queues(&self, now: u64) -> impl Iterator<Item = (&DbKey, u64, u64)> + '_ {
+        self.by_key.iter().map(move |(key, ids)| {
+            let oldest = ids
+                .iter()
+                .find_map(|id| self.entries.get(id))
+                .map_or(0, |e| now.saturating_sub(e.queued_at));
+            (key, u64::try_from(ids.len()).unwrap_or(u64::MAX), oldest)
+        })
+    }
+
     /// Moves a queued entry to `state` and returns its client handle.
     pub fn resolve(&mut self, id: WaiterId, state: WaitState) -> Option<BlockedClient> {
         let entry = self.entries.get_mut(&id)?;

@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use redis_lock_core::{Lock, Mode};
 
-use crate::state::{with_counters, with_waiters, WaitState, WAIT_BUCKETS_MS};
+use crate::state::{with_counters, with_waiters, WAIT_BUCKETS_MS};
 use crate::sys::info::InfoSource;
 
 pub use crate::state::with_fences;
@@ -183,17 +183,10 @@ const WAIT_BUCKET_NAMES: [&str; WAIT_BUCKETS_MS.len()] = [
 /// nothing on the hot path maintains them.
 pub fn queue_figures(now: u64) -> (u64, u64) {
     with_waiters(|r| {
-        let mut oldest = 0u64;
-        let mut longest = 0u64;
-        for ids in r.by_key.values() {
-            longest = longest.max(u64::try_from(ids.len()).unwrap_or(u64::MAX));
-            // Waiter ids grow in arrival order: the first of each key is its oldest.
-            let first = ids.iter().find_map(|id| r.entries.get(id));
-            if let Some(e) = first.filter(|e| e.state == WaitState::Queued) {
-                oldest = oldest.max(now.saturating_sub(e.queued_at));
-            }
-        }
-        (oldest, longest)
+        r.queues(now)
+            .fold((0, 0), |(oldest, longest), (_, waiting, age)| {
+                (oldest.max(age), longest.max(waiting))
+            })
     })
 }
 

@@ -86,6 +86,56 @@ pub fn queued_at(db: i32, key: &[u8]) -> Vec<(WaiterId, Waiter)> {
     })
 }
 
+/// How [`top_queues`] ranks queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueOrder {
+    /// The oldest waiter's wait first.
+    Age,
+    /// The most waiters first.
+    Length,
+}
+
+/// One queue as [`top_queues`] reports it.
+pub struct QueueSummary {
+    pub db: i32,
+    pub key: Box<[u8]>,
+    pub waiting: u64,
+    /// How long its oldest waiter has waited, ms.
+    pub oldest_ms: u64,
+}
+
+/// The `count` first queues of the server in `order` (ties: the other figure, then database and
+/// key). Looks once at each key with waiters and copies only the names it returns: O(W + count
+/// log count) for W keys with waiters, whatever the number of keys without any.
+pub fn top_queues(now: u64, order: QueueOrder, count: usize) -> Vec<QueueSummary> {
+    with_waiters(|r| {
+        let mut all: Vec<(&state::DbKey, u64, u64)> = r.queues(now).collect();
+        let rank = |a: &(&state::DbKey, u64, u64), b: &(&state::DbKey, u64, u64)| {
+            let (first, second) = match order {
+                QueueOrder::Age => ((b.2, b.1), (a.2, a.1)),
+                QueueOrder::Length => ((b.1, b.2), (a.1, a.2)),
+            };
+            first.cmp(&second).then_with(|| a.0.cmp(b.0))
+        };
+        if count == 0 {
+            return Vec::new();
+        }
+        if all.len() > count {
+            all.select_nth_unstable_by(count - 1, rank);
+            all.truncate(count);
+        }
+        all.sort_unstable_by(rank);
+        all.into_iter()
+            .map(|((db, key), waiting, oldest_ms)| QueueSummary {
+                db: *db,
+                key: key.clone(),
+                waiting,
+                oldest_ms,
+            })
+            .collect()
+    })
+}
+
 /// Every (db, key) that has queued waiters, for databases `dbs` (all when empty).
 pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
     with_waiters(|r| {

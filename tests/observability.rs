@@ -291,3 +291,110 @@ fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
     }
     assert!(values["lock_wait_ms_sum"] >= 150.0);
 }
+
+/// LOCK.QUEUES [key, db, waiting, oldest ms] rows.
+fn queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64, i64)> {
+    let mut words = vec!["LOCK.QUEUES"];
+    words.extend_from_slice(args);
+    match query(c, &words).expect("LOCK.QUEUES") {
+        Value::Array(rows) => rows
+            .iter()
+            .map(|r| match r {
+                Value::Array(p) => match &p[..] {
+                    [k, Value::Int(db), Value::Int(n), Value::Int(age)] => {
+                        (value_text(k), *db, *n, *age)
+                    }
+                    other => panic!("row {other:?}"),
+                },
+                other => panic!("row {other:?}"),
+            })
+            .collect(),
+        other => panic!("LOCK.QUEUES reply {other:?}"),
+    }
+}
+
+#[test]
+fn lock_queues_ranks_the_servers_queues_by_age_or_length_across_databases() {
+    let server = Server::start();
+    let mut c = server.client();
+    let mut c1 = server.client();
+    query(&mut c1, &["SELECT", "1"]).unwrap();
+    for k in ["old", "long", "free"] {
+        int(&mut c, &["LOCK.ACQUIRE", k, "h", LONG]);
+    }
+    int(&mut c1, &["LOCK.ACQUIRE", "other", "h", LONG]);
+    assert!(queues(&mut c, &[]).is_empty(), "no waiters, no queues");
+    let mut waiters = vec![spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "old", "w", LONG, "WAIT", "0"],
+        1,
+    )];
+    thread::sleep(Duration::from_millis(100));
+    for (i, n) in (1..=3).enumerate() {
+        let owner = format!("w{i}");
+        waiters.push(spawn_waiter(
+            &server,
+            &mut c,
+            &["LOCK.ACQUIRE", "long", &owner, LONG, "WAIT", "0"],
+            n,
+        ));
+    }
+    for n in 1..=2 {
+        let owner = format!("v{n}");
+        waiters.push(spawn_waiter_in(
+            &server,
+            &mut c1,
+            "1",
+            &["LOCK.ACQUIRE", "other", &owner, LONG, "WAIT", "0"],
+            n,
+        ));
+    }
+    let by_age = queues(&mut c, &[]);
+    let names: Vec<(&str, i64, i64)> = by_age
+        .iter()
+        .map(|(k, db, n, _)| (k.as_str(), *db, *n))
+        .collect();
+    assert_eq!(
+        names,
+        [("old", 0, 1), ("long", 0, 3), ("other", 1, 2)],
+        "{by_age:?}"
+    );
+    // The first queued 100 ms before the others.
+    assert!(by_age[0].3 >= by_age[1].3 + 100, "{by_age:?}");
+    let by_length = queues(&mut c, &["BY", "length"]);
+    let names: Vec<&str> = by_length.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(names, ["long", "other", "old"]);
+    assert_eq!(queues(&mut c, &["count", "1", "by", "LENGTH"]).len(), 1);
+    assert_eq!(queues(&mut c, &["COUNT", "1"])[0].0, "old");
+    // The same from any database.
+    assert_eq!(queues(&mut c1, &[]).len(), 3);
+    for (args, error) in [
+        (&["BY", "size"][..], "ERR BY must be AGE or LENGTH"),
+        (&["COUNT", "0"][..], "ERR COUNT must be between 1 and 1000"),
+        (&["COUNT", "x"][..], "ERR COUNT is not an integer"),
+        (&["COUNT"][..], "ERR syntax error"),
+        (
+            &["COUNT", "1", "COUNT", "2"][..],
+            "ERR an option was given more than once",
+        ),
+        (&["LIMIT", "1"][..], "ERR unknown option"),
+    ] {
+        let mut words = vec!["LOCK.QUEUES"];
+        words.extend_from_slice(args);
+        let e = err(&mut c, &words);
+        assert!(e.starts_with(error), "{args:?}: {e}");
+    }
+    assert_eq!(queues(&mut c, &[]).len(), 3, "errors changed nothing");
+    // Every waiter's connection closes: no queue is left.
+    drop(c1);
+    query(
+        &mut c,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    )
+    .unwrap();
+    for w in waiters {
+        assert!(w.join().is_err(), "a killed waiter gets no grant");
+    }
+    wait_until("no queue left", || queues(&mut c, &[]).is_empty());
+}

@@ -21,6 +21,9 @@ pub enum ArgError {
     LockDelayNotExclusive,
     CapacityNotInteger,
     CapacityRange,
+    QueueOrder,
+    CountNotInteger,
+    CountRange,
     Syntax,
 }
 
@@ -46,6 +49,9 @@ impl ArgError {
             }
             ArgError::CapacityNotInteger => "ERR capacity is not an integer or out of range",
             ArgError::CapacityRange => "ERR capacity must be between 1 and 2147483647",
+            ArgError::QueueOrder => "ERR BY must be AGE or LENGTH",
+            ArgError::CountNotInteger => "ERR COUNT is not an integer or out of range",
+            ArgError::CountRange => "ERR COUNT must be between 1 and 1000",
             ArgError::Syntax => "ERR syntax error",
         }
     }
@@ -117,6 +123,68 @@ pub fn acquire<'a>(args: &[&'a [u8]], accepts: Accepts) -> Result<AcquireArgs<'a
         } else {
             once(&mut seen_delay)?;
             parsed.lock_delay = parse_lock_delay(value)?;
+        }
+        rest = tail;
+    }
+    Ok(parsed)
+}
+
+/// How `LOCK.QUEUES` ranks the queues it lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QueuesBy {
+    /// The longest-waiting client's wait, longest first (the default).
+    #[default]
+    Age,
+    /// The number of waiting clients, most first.
+    Length,
+}
+
+/// `LOCK.QUEUES` arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuesArgs {
+    pub by: QueuesBy,
+    /// How many queues to list, 1 to [`MAX_QUEUES_COUNT`].
+    pub count: usize,
+}
+
+/// The most queues one `LOCK.QUEUES` lists (it bounds the reply; the scan is bounded by the
+/// number of keys with waiters anyway).
+pub const MAX_QUEUES_COUNT: usize = 1000;
+
+/// Parses `[BY AGE|LENGTH] [COUNT n]` (any order, each at most once, case-insensitive).
+pub fn queues(args: &[&[u8]]) -> Result<QueuesArgs, ArgError> {
+    let mut parsed = QueuesArgs {
+        by: QueuesBy::Age,
+        count: 10,
+    };
+    let (mut seen_by, mut seen_count) = (false, false);
+    let mut rest = args;
+    while let [opt, tail @ ..] = rest {
+        let is_by = opt.eq_ignore_ascii_case(b"BY");
+        if !is_by && !opt.eq_ignore_ascii_case(b"COUNT") {
+            return Err(ArgError::UnknownOption);
+        }
+        let [value, tail @ ..] = tail else {
+            return Err(ArgError::Syntax);
+        };
+        let seen = if is_by { &mut seen_by } else { &mut seen_count };
+        if std::mem::replace(seen, true) {
+            return Err(ArgError::RepeatedOption);
+        }
+        if is_by {
+            parsed.by = if value.eq_ignore_ascii_case(b"AGE") {
+                QueuesBy::Age
+            } else if value.eq_ignore_ascii_case(b"LENGTH") {
+                QueuesBy::Length
+            } else {
+                return Err(ArgError::QueueOrder);
+            };
+        } else {
+            let n = parse_i64(value).ok_or(ArgError::CountNotInteger)?;
+            parsed.count = usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_QUEUES_COUNT).contains(n))
+                .ok_or(ArgError::CountRange)?;
         }
         rest = tail;
     }
@@ -247,6 +315,40 @@ mod tests {
 
     fn a(args: &[&str]) -> Vec<Vec<u8>> {
         args.iter().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    fn q(args: &[&str]) -> Result<(QueuesBy, usize), ArgError> {
+        let owned = a(args);
+        let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
+        queues(&refs).map(|r| (r.by, r.count))
+    }
+
+    #[test]
+    fn queues_options_in_any_order_once_each() {
+        assert_eq!(q(&[]), Ok((QueuesBy::Age, 10)));
+        assert_eq!(q(&["by", "length"]), Ok((QueuesBy::Length, 10)));
+        assert_eq!(q(&["COUNT", "3", "BY", "Age"]), Ok((QueuesBy::Age, 3)));
+        assert_eq!(q(&["count", "1000"]), Ok((QueuesBy::Age, 1000)));
+        assert_eq!(q(&["BY", "size"]), Err(ArgError::QueueOrder));
+        assert_eq!(q(&["COUNT", "0"]), Err(ArgError::CountRange));
+        assert_eq!(q(&["COUNT", "1001"]), Err(ArgError::CountRange));
+        assert_eq!(q(&["COUNT", "-1"]), Err(ArgError::CountRange));
+        assert_eq!(q(&["COUNT", "x"]), Err(ArgError::CountNotInteger));
+        assert_eq!(
+            q(&["COUNT", "99999999999999999999"]),
+            Err(ArgError::CountNotInteger)
+        );
+        assert_eq!(q(&["COUNT"]), Err(ArgError::Syntax));
+        assert_eq!(q(&["BY"]), Err(ArgError::Syntax));
+        assert_eq!(
+            q(&["COUNT", "1", "COUNT", "2"]),
+            Err(ArgError::RepeatedOption)
+        );
+        assert_eq!(
+            q(&["BY", "AGE", "by", "LENGTH"]),
+            Err(ArgError::RepeatedOption)
+        );
+        assert_eq!(q(&["LIMIT", "3"]), Err(ArgError::UnknownOption));
     }
 
     fn acq(args: &[&str]) -> Result<(Vec<u8>, Millis, Option<Millis>), ArgError> {

@@ -39,6 +39,9 @@ fuzz_target!(|data: &[u8]| {
         assert!((1..=MAX_OWNER_LEN).contains(&owner.len()));
         assert!((1..=MAX_DURATION).contains(&ttl));
     }
+    if let Ok(q) = parse::queues(&args) {
+        assert!((1..=parse::MAX_QUEUES_COUNT).contains(&q.count));
+    }
     check_sync(&args);
     // The whole input as one state too: binary states hold NUL bytes (a version 2 state always
     // does: its lock-delay is at most 2^47), which the split above never passes on.

@@ -8,6 +8,7 @@ mod common;
 pub mod debug;
 mod extend;
 mod info;
+mod queues;
 mod release;
 mod sync;
 
@@ -17,7 +18,7 @@ use crate::metadata;
 use crate::sys::commands::{self, handler, CommandDoc, Handler};
 
 /// Every command the module serves (the test-only hooks are in `debug`).
-pub const TABLE: [(&CommandDoc, Handler); 7] = [
+pub const TABLE: [(&CommandDoc, Handler); 8] = [
     (&metadata::ACQUIRE, handler::<acquire::Acquire>()),
     (&metadata::RWREAD, handler::<acquire::RwRead>()),
     (&metadata::SEMACQUIRE, handler::<acquire::SemAcquire>()),
@@ -25,6 +26,7 @@ pub const TABLE: [(&CommandDoc, Handler); 7] = [
     (&metadata::EXTEND, handler::<extend::Extend>()),
     (&metadata::INFO, handler::<info::Info>()),
     (&metadata::SYNC, handler::<sync::Sync>()),
+    (&metadata::QUEUES, handler::<queues::Queues>()),
 ];
 
 /// Registers every command of [`TABLE`]; `module_category` is the module's own ACL category
@@ -42,14 +44,22 @@ mod tests {
 
     #[test]
     fn every_command_documents_its_key_first_and_arity_matches_its_arguments() {
+        use crate::sys::commands::{ArgKind, KeyAccess};
         for (c, _) in TABLE {
             assert!(c.name.starts_with("lock."), "{}", c.name);
-            assert_eq!(
-                c.args.first().map(|a| a.kind),
-                Some(crate::sys::commands::ArgKind::Key),
-                "{}",
-                c.name
-            );
+            // A command with a key has it first; a keyless one (per server) has none.
+            let keys = c.args.iter().filter(|a| a.kind == ArgKind::Key).count();
+            if c.access == KeyAccess::None {
+                assert_eq!(keys, 0, "{}", c.name);
+            } else {
+                assert_eq!(keys, 1, "{}", c.name);
+                assert_eq!(
+                    c.args.first().map(|a| a.kind),
+                    Some(ArgKind::Key),
+                    "{}",
+                    c.name
+                );
+            }
             let required = 1 + c.args.iter().filter(|a| !a.optional).count() as i32;
             if c.arity > 0 {
                 assert_eq!(c.arity, required, "{}", c.name);

@@ -36,11 +36,12 @@ extern "C" fn trampoline<C: Command>(
 }
 
 /// How a command's single key (argument 1) is used: for COMMAND INFO, ACL key patterns and
-/// cluster routing.
+/// cluster routing. `None` for a command without a key (served by any node, per server).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyAccess {
     ReadOnly,
     ReadWrite,
+    None,
 }
 
 /// The kind of one documented argument (a subset of Redis's argument types).
@@ -94,7 +95,12 @@ pub fn register(
     handler: Handler,
     module_category: Option<&str>,
 ) -> Result<(), String> {
-    create(ctx, doc.name, doc.flags, handler, (1, 1, 1))?;
+    let keys = if doc.access == KeyAccess::None {
+        (0, 0, 0)
+    } else {
+        (1, 1, 1)
+    };
+    create(ctx, doc.name, doc.flags, handler, keys)?;
     set_command_info(ctx, doc, module_category)
 }
 
@@ -159,6 +165,7 @@ fn set_command_info(
         return Err(format!("command {name} not found"));
     }
     let flags = match doc.access {
+        KeyAccess::None => 0,
         KeyAccess::ReadOnly => raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
         // INSERT, UPDATE and DELETE are exclusive in Redis; a lock command may do any of the
         // three, which is what UPDATE (the general one) says.
@@ -170,16 +177,20 @@ fn set_command_info(
     };
     // A zeroed spec is the array terminator Redis looks for.
     // SAFETY: RedisModuleCommandKeySpec is plain C data for which all-zero is valid.
+    // A keyless command passes only the terminator.
     let mut specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe { std::mem::zeroed() };
-    specs[0].flags = u64::from(flags);
-    specs[0].begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-    specs[0].bs.index = raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 };
-    specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    specs[0].fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-        lastkey: 0,
-        keystep: 1,
-        limit: 0,
-    };
+    if doc.access != KeyAccess::None {
+        specs[0].flags = u64::from(flags);
+        specs[0].begin_search_type =
+            raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+        specs[0].bs.index = raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 };
+        specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+        specs[0].fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+            lastkey: 0,
+            keystep: 1,
+            limit: 0,
+        };
+    }
     // Every string the structures point to lives in `strings` until after the call.
     let cstr = |s: &str| CString::new(s).map_err(|e| format!("{name}: {e}"));
     let summary = cstr(doc.summary)?;
