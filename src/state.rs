@@ -228,6 +228,8 @@ pub struct Counters {
     pub queue_full: Cell<u64>,
     /// Grants to queued waiters (hand-overs), a subset of `grants`.
     pub handoffs: Cell<u64>,
+    /// Immediate grants to an owner that already held the lock, a subset of `grants`.
+    pub reentries: Cell<u64>,
     /// LOCK.RELEASE calls that dropped or decremented a hold.
     pub releases: Cell<u64>,
     /// LOCK.EXTEND calls that changed a lease.
@@ -255,6 +257,7 @@ impl Counters {
             deadlocks: Cell::new(0),
             queue_full: Cell::new(0),
             handoffs: Cell::new(0),
+            reentries: Cell::new(0),
             releases: Cell::new(0),
             extends: Cell::new(0),
             given_back: Cell::new(0),

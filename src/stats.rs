@@ -99,6 +99,10 @@ pub fn count_queue_full() {
     with_counters(|c| bump(&c.queue_full, 1));
 }
 
+pub fn count_reentry() {
+    with_counters(|c| bump(&c.reentries, 1));
+}
+
 pub fn count_release() {
     with_counters(|c| bump(&c.releases, 1));
 }
@@ -198,6 +202,7 @@ impl InfoSource for InfoFields {
         let (oldest, longest) = queue_figures(crate::sys::context::now_ms());
         with_counters(|c| {
             add("handoffs_total", c.handoffs.get());
+            add("reentries_total", c.reentries.get());
             add("releases_total", c.releases.get());
             add("extends_total", c.extends.get());
             add("maxwaiters_total", c.queue_full.get());

@@ -176,6 +176,7 @@ fn info_counts_handoffs_releases_extends_refusals_and_wait_times() {
     let before = |c: &mut Connection, f: &str| info_field(c, f);
     for f in [
         "handoffs_total",
+        "reentries_total",
         "releases_total",
         "extends_total",
         "maxwaiters_total",
@@ -207,6 +208,7 @@ fn info_counts_handoffs_releases_extends_refusals_and_wait_times() {
     assert!(err(&mut c, &["LOCK.RELEASE", "k", "w"]).starts_with("NOTOWNER"));
 
     assert_eq!(info_field(&mut c, "handoffs_total"), 1);
+    assert_eq!(info_field(&mut c, "reentries_total"), 1);
     assert_eq!(
         info_field(&mut c, "releases_total"),
         3,
@@ -277,6 +279,7 @@ fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
     for (field, value) in [
         ("lock_grants_total", 2.0),
         ("lock_handoffs_total", 1.0),
+        ("lock_reentries_total", 0.0),
         ("lock_timeouts_total", 1.0),
         ("lock_extends_total", 1.0),
         ("lock_releases_total", 1.0),
@@ -397,4 +400,43 @@ fn lock_queues_ranks_the_servers_queues_by_age_or_length_across_databases() {
         assert!(w.join().is_err(), "a killed waiter gets no grant");
     }
     wait_until("no queue left", || queues(&mut c, &[]).is_empty());
+}
+
+/// A grant decided for a waiter whose connection closes before the reply reaches it is given
+/// back (SPEC: such a waiter never holds the lock), counted in `given_back_total`. The release
+/// and the kill run in one MULTI, so the kill comes before the server sends any reply.
+#[test]
+fn a_grant_whose_waiter_closes_before_the_reply_is_given_back_and_counted() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "h", LONG]);
+    let mut w = server.client();
+    let id = client_id(&mut w);
+    let waiter =
+        std::thread::spawn(move || query(&mut w, &["LOCK.ACQUIRE", "k", "w", LONG, "WAIT", "0"]));
+    wait_until("the waiter is queued", || waiting(&mut c, "k") == 1);
+    let (released, killed): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.RELEASE")
+        .arg(&["k", "h"][..])
+        .cmd("CLIENT")
+        .arg(&["KILL", "ID", &id.to_string()][..])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((released, killed), (0, 1));
+    assert!(
+        waiter.join().unwrap().is_err(),
+        "the killed waiter got no reply"
+    );
+    assert!(
+        info(&mut c, "k").is_none(),
+        "the grant was given back: {:?}",
+        info(&mut c, "k")
+    );
+    assert_eq!(info_field(&mut c, "given_back_total"), 1);
+    assert_eq!(
+        info_field(&mut c, "handoffs_total"),
+        1,
+        "the grant itself was made"
+    );
 }

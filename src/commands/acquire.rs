@@ -129,8 +129,11 @@ fn request(
             .ok_or(RedisError::Str(KEY_VANISHED))?;
     }
     match outcome {
-        Acquired::Granted { token, .. } => {
+        Acquired::Granted { token, count } => {
             stats::count_grant();
+            if count > 1 && mode != Mode::Permit {
+                stats::count_reentry();
+            }
             lock_key.notify(c"lock.acquire");
             Ok(RedisValue::Integer(
                 i64::try_from(token).unwrap_or(i64::MAX),
