@@ -8,7 +8,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick fuzz \
+.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-check bench-check-update fuzz \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run
 
 all: build
@@ -68,6 +68,17 @@ bench-quick: deps
 	$(CARGO) build --release
 	$(CARGO) build --release -p redis-lock-bench
 	$(BENCH_PIN) target/release/lock-bench --quick --out target/bench-quick/benchmarks.md
+
+# Server cost guard: callgrind instruction counts per operation against the committed baseline
+# (bench/callgrind-baseline.txt); fails on a rise above 5 %. Not part of `make test`.
+bench-check: deps
+	@command -v valgrind >/dev/null || { echo "bench-check needs valgrind (apt-get install valgrind)"; exit 1; }
+	$(CARGO) build --release
+	python3 scripts/bench-check.py $(CURDIR)/$(MODULE)
+
+bench-check-update: deps
+	$(CARGO) build --release
+	python3 scripts/bench-check.py $(CURDIR)/$(MODULE) --update
 
 # cargo-fuzz (libFuzzer) targets in fuzz/: the lock core against its reference model, and the
 # argument parser. FUZZ_SECONDS per target. Installs cargo-fuzz when missing; runs on the
