@@ -328,10 +328,9 @@ impl AsyncLockClient {
     ) -> Result<AsyncLockGuard, LockError> {
         let owner = self.owner.apply(&mut request);
         request.check()?;
-        if request.bind {
+        if request.bind && self.is_cluster() {
             return Err(LockError::InvalidRequest {
-                reason: "the async client does not bind holds to connections; use LockClient"
-                    .into(),
+                reason: "bind() is not supported on a cluster client".into(),
             });
         }
         if request.min_replicas.is_some() && self.is_cluster() {
@@ -342,7 +341,18 @@ impl AsyncLockClient {
         let started = Instant::now();
         let cmd = request.command(key, &owner, request.wait);
         let dedicated = request.wait.is_some() || request.min_replicas.is_some();
-        let (conn, reply) = if dedicated {
+        let (mut conn, reply) = if request.bind {
+            match self.bound_connection().await {
+                Ok(conn) => {
+                    let bound = request
+                        .wait
+                        .unwrap_or_default()
+                        .saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
+                    on_dedicated(conn, &cmd, bound).await
+                }
+                Err(o) => return Err(classify(&self.named(o), 1)),
+            }
+        } else if dedicated {
             let conn = match self.inner.dedicated().await {
                 Ok(c) => c,
                 Err(o) => return Err(classify(&self.named(o), 1)),
@@ -357,11 +367,13 @@ impl AsyncLockClient {
         };
         let outcome = acquire_outcome(reply);
         let Outcome::Granted(token) = outcome else {
-            if let Some(conn) = conn {
+            // A bound connection is closed (dropped): a grant that comes late ends with it.
+            if let Some(conn) = conn.filter(|_| !request.bind) {
                 self.inner.put_back(conn);
             }
             return Err(classify(&self.named(outcome), 1));
         };
+        let bound = if request.bind { conn.take() } else { None };
         // As for the sync client: a grant without WAIT starts after `started`; a waited grant
         // is replied at once, so it started at the reply's arrival less its transit.
         let deadline = match request.wait {
@@ -380,6 +392,7 @@ impl AsyncLockClient {
             request,
             vec![(0, token)],
             deadline,
+            bound,
         );
         let Some((replicas, timeout)) = min_replicas else {
             if let Some(conn) = conn {
@@ -424,6 +437,16 @@ impl AsyncLockClient {
                 })
             }
         }
+    }
+
+    /// A new connection for one bound hold, named [`crate::BOUND_CLIENT_NAME`]; never pooled.
+    async fn bound_connection(&self) -> Result<Conn, Outcome> {
+        let conn = self.inner.open(true).await.map_err(|e| unreachable(&e))?;
+        let mut name = redis::cmd("CLIENT");
+        name.arg("SETNAME").arg(crate::BOUND_CLIENT_NAME);
+        let (conn, reply) = on_dedicated(conn, &name, self.inner.timeout + WAIT_REPLY_MARGIN).await;
+        reply?;
+        conn.ok_or_else(|| Outcome::Unreachable("connection closed".into()))
     }
 
     /// Exclusive lock now, or [`LockError::Held`].
@@ -556,9 +579,42 @@ struct GuardState {
     released: AtomicBool,
     /// Set to true, once, when the lock is known lost.
     lost: watch::Sender<bool>,
+    /// A bound hold's connection (one server only); `None` inside once it closed.
+    bound: Option<tokio::sync::Mutex<Option<Conn>>>,
 }
 
 impl GuardState {
+    /// `cmd` on every server (shared connections), or on a bound hold's own connection. The
+    /// flag says the bound connection is closed (the server ended the hold with it).
+    async fn run(&self, cmd: Cmd) -> (Vec<Result<Value, Outcome>>, bool) {
+        let Some(bound) = &self.bound else {
+            let n = self.clients.len();
+            return (on_all(&self.clients, vec![Some(cmd); n]).await, false);
+        };
+        let mut slot = bound.lock().await;
+        let Some(conn) = slot.as_mut() else {
+            let closed = Outcome::Unreachable("the bound connection is closed".into());
+            return (vec![Err(closed)], true);
+        };
+        let limit = self
+            .clients
+            .first()
+            .map_or(WAIT_REPLY_MARGIN, |c| c.inner.timeout + WAIT_REPLY_MARGIN);
+        match tokio::time::timeout(limit, conn.query(&cmd)).await {
+            Ok(Ok(v)) => (vec![Ok(v)], false),
+            Ok(Err(e)) if !is_io(&e) => (vec![Err(Outcome::from_error_text(e.to_string()))], false),
+            Ok(Err(e)) => {
+                *slot = None;
+                (vec![Err(unreachable(&e))], true)
+            }
+            // A slow server is no reason to close the connection (that would end the hold).
+            Err(_) => (
+                vec![Err(Outcome::Unreachable("no reply in time".into()))],
+                false,
+            ),
+        }
+    }
+
     fn lease(&self) -> MutexGuard<'_, Lease> {
         self.lease.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -602,9 +658,8 @@ impl GuardState {
                 return Err(self.lose(LockError::Expired { causes: Vec::new() }));
             }
         }
-        let cmd = extend_cmd(&self.key, &self.owner, self.ttl);
-        let outcomes: Vec<Outcome> = on_all(&self.clients, vec![Some(cmd); self.clients.len()])
-            .await
+        let (results, disconnected) = self.run(extend_cmd(&self.key, &self.owner, self.ttl)).await;
+        let outcomes: Vec<Outcome> = results
             .into_iter()
             .map(|r| match r {
                 Ok(Value::Int(_)) => Outcome::Granted(0),
@@ -637,6 +692,9 @@ impl GuardState {
             }
         }
         drop(lease);
+        if disconnected {
+            return Err(self.lose(LockError::Disconnected { causes }));
+        }
         if n - gone < self.quorum {
             return Err(self.lose(LockError::NotOwner { causes }));
         }
@@ -652,6 +710,23 @@ impl GuardState {
         } else {
             release_one_cmd(&self.key, &self.owner)
         };
+        if let Some(bound) = &self.bound {
+            // Released first (so no lock-delay starts), then the connection closes; a closed
+            // connection already ended the hold.
+            let (results, closed) = self.run(cmd).await;
+            let conn = bound.lock().await.take();
+            drop(conn);
+            if closed {
+                return Ok(());
+            }
+            return match results.into_iter().next() {
+                // Unanswered: the close just sent ends the hold once the server reads it.
+                Some(Err(o @ Outcome::Unreachable(_))) => Err(LockError::Unreachable {
+                    causes: self.named(vec![o]),
+                }),
+                _ => Ok(()),
+            };
+        }
         let outcomes: Vec<Outcome> = on_all(&self.clients, vec![Some(cmd); self.clients.len()])
             .await
             .into_iter()
@@ -693,6 +768,7 @@ impl AsyncLockGuard {
         request: Acquire,
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
+        bound: Option<Conn>,
     ) -> Self {
         let (tx, rx) = watch::channel(false);
         let state = Arc::new(GuardState {
@@ -710,6 +786,7 @@ impl AsyncLockGuard {
             }),
             released: AtomicBool::new(false),
             lost: tx,
+            bound: bound.map(|c| tokio::sync::Mutex::new(Some(c))),
         });
         let runtime = tokio::runtime::Handle::try_current().ok();
         let watchdog = match (&runtime, request.watchdog) {
@@ -737,6 +814,11 @@ impl AsyncLockGuard {
     /// Write, read, or a permit of a semaphore.
     pub fn mode(&self) -> Mode {
         self.state.mode
+    }
+
+    /// Whether the hold is bound to this guard's own connection ([`Acquire::bind`]).
+    pub fn is_bound(&self) -> bool {
+        self.state.bound.is_some()
     }
 
     /// The grant's fencing token, for a lock (or permit) on one server; `None` for a Redlock,
@@ -1123,6 +1205,7 @@ impl AsyncRedlock {
             request.clone(),
             tokens,
             valid_until,
+            None,
         )
     }
 

@@ -445,8 +445,80 @@ async fn a_full_wait_queue_is_max_waiters_and_a_dead_server_unreachable() {
     assert!(matches!(e, LockError::Unreachable { .. }), "{e}");
     assert!(matches!(
         gone.acquire("x", Acquire::write(ttl).bind()).await,
-        Err(LockError::InvalidRequest { .. })
+        Err(LockError::Unreachable { .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bound_holds_end_with_their_connection() {
+    let server = Server::start();
+    let client = client(&server);
+    let mut c = server.client();
+    let ttl = Duration::from_secs(30);
+
+    // Killed connection: the server ends the hold at once (not after 30 s), and the guard's
+    // watchdog (an extend every 1.5 s) finds it lost.
+    let g = client
+        .acquire(
+            "b",
+            Acquire::write(ttl)
+                .bind()
+                .watchdog(Watchdog::new().fraction(0.05)),
+        )
+        .await
+        .unwrap();
+    assert!(g.is_bound());
+    let bound = bound_clients(&mut c);
+    assert_eq!(bound.len(), 1, "{bound:?}");
+    let id = bound[0].0.to_string();
+    query(&mut c, &["CLIENT", "KILL", "ID", &id]).unwrap();
+    wait_until("hold ended with its connection", || {
+        int(&mut c, &["EXISTS", "b"]) == 0
+    });
+    tokio::time::timeout(Duration::from_secs(15), g.lost_signal().lost())
+        .await
+        .expect("the watchdog reports the closed connection");
+    let e = g.extend().await.unwrap_err();
+    assert!(matches!(e, LockError::Disconnected { .. }), "{e}");
+    g.release().await.unwrap();
+
+    // Release: over the guard's connection, which then closes.
+    let g = client
+        .acquire("b2", Acquire::write(ttl).bind())
+        .await
+        .unwrap();
+    assert_eq!(bound_clients(&mut c).len(), 1);
+    g.release().await.unwrap();
+    assert_eq!(int(&mut c, &["EXISTS", "b2"]), 0);
+    wait_until("bound connection closed", || {
+        bound_clients(&mut c).is_empty()
+    });
+
+    // A bound waiter is granted on its own connection; its drop releases and closes it.
+    let holder = client.try_lock("b3", ttl).await.unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let g = client
+                .acquire(
+                    "b3",
+                    Acquire::write(ttl).bind().wait(Duration::from_secs(10)),
+                )
+                .await?;
+            let bound = g.is_bound();
+            drop(g);
+            Ok::<bool, LockError>(bound)
+        })
+    };
+    eventually("bound waiter queued", || async {
+        queued(&client, "b3").await == 1
+    })
+    .await;
+    holder.release().await.unwrap();
+    assert!(waiter.await.unwrap().unwrap());
+    wait_until("dropped bound guard released", || {
+        int(&mut c, &["EXISTS", "b3"]) == 0 && bound_clients(&mut c).is_empty()
+    });
 }
 
 /// The latency of an uncontended acquire through the async client, next to a bare

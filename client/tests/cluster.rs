@@ -154,4 +154,8 @@ async fn a_key_on_every_master_and_waits_across_the_cluster() {
             .await,
         Err(LockError::InvalidRequest { .. })
     ));
+    assert!(matches!(
+        client.acquire(&key, Acquire::write(ttl).bind()).await,
+        Err(LockError::InvalidRequest { .. })
+    ));
 }
