@@ -315,8 +315,10 @@ impl AsyncLockClient {
     }
 
     /// Acquires a lock, or a semaphore permit, as `request` says. Waiting is done by the server
-    /// (FIFO queue) on a dedicated connection. [`Acquire::bind`] is not supported by the async
-    /// client ([`LockError::InvalidRequest`]; use [`crate::LockClient`]).
+    /// (FIFO queue) on a dedicated connection. With [`Acquire::bind`] the acquire opens a
+    /// connection of the guard's own, which carries its extends and release and closes with
+    /// it; a closing by the server is found at the next extend ([`LockError::Disconnected`]).
+    /// A cluster client refuses `bind` and `min_replicas` ([`LockError::InvalidRequest`]).
     ///
     /// Cancelling the returned future (dropping it, as a `select!` does) while it waits closes
     /// its connection, which takes the waiter out of the server's queue; a grant that was
