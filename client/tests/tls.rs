@@ -1,6 +1,6 @@
 //! Both clients over TLS (cargo feature `tls`, rustls) against a real TLS listener: a throwaway
 //! CA and server certificate are made with the `openssl` command-line tool.
-#![cfg(feature = "tls")]
+#![cfg(all(feature = "tls", feature = "tokio"))]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
