@@ -1094,6 +1094,15 @@ impl AsyncRedlock {
         self.quorum
     }
 
+    /// `LOCK.INFO key` on every server, in order: (server, what it said).
+    pub async fn info(&self, key: &str) -> Vec<(String, Result<Option<LockInfo>, LockError>)> {
+        let mut out = Vec::with_capacity(self.clients.len());
+        for c in self.clients.iter() {
+            out.push((c.inner.name.clone(), c.info(key).await));
+        }
+        out
+    }
+
     fn jitter(&self) -> Duration {
         let (min, max) = self.retry_delay;
         rand::thread_rng().gen_range(min..max)

@@ -1277,6 +1277,16 @@ impl Redlock {
         self.servers.quorum
     }
 
+    /// `LOCK.INFO key` on every server, in order: (server, what it said).
+    pub fn info(&self, key: &str) -> Vec<(String, Result<Option<LockInfo>, LockError>)> {
+        self.servers
+            .instances
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name().to_string(), self.servers.info(i, key)))
+            .collect()
+    }
+
     /// Acquires as `request` says (with a [`Watchdog`] added when it has none), runs `work`
     /// with the guard, then releases it and returns what `work` returned. `work` should check
     /// [`LockGuard::is_lost`] before each step that needs the lock's protection: it turns true

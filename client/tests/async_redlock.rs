@@ -58,6 +58,13 @@ async fn quorum_with_paused_servers_and_release_everywhere() {
         rl.acquire("k", Acquire::write(ttl)).await,
         Err(LockError::Held { .. })
     ));
+    let infos = rl.info("k").await;
+    assert_eq!(infos.len(), 3);
+    for (_, info) in &infos {
+        let info = info.as_ref().unwrap().as_ref().unwrap();
+        assert_eq!(info.hold_count(g.owner()), 1);
+    }
+    assert_eq!(g.hold_count().await.unwrap(), 1);
     assert!(g.extend().await.unwrap() > Duration::from_secs(9));
     g.release().await.unwrap();
     for s in &servers {

@@ -480,6 +480,16 @@ fn using_hands_the_guard_over_and_shows_a_lock_taken_away() {
         })
         .unwrap();
     assert!(owner.starts_with("batch-"), "{owner}");
+    let g = rl
+        .acquire("r", Acquire::write(Duration::from_secs(5)))
+        .unwrap();
+    let infos = rl.info("r");
+    assert_eq!(infos.len(), 5);
+    assert!(infos.iter().all(|(_, i)| {
+        i.as_ref()
+            .is_ok_and(|i| i.as_ref().is_some_and(|i| i.hold_count(g.owner()) == 1))
+    }));
+    drop(g);
     assert!(matches!(
         redlock(&servers).owner_prefix("p".repeat(1000)),
         Err(LockError::InvalidRequest { .. })
