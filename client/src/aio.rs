@@ -1241,11 +1241,15 @@ impl AsyncRedlock {
         let designated = crate::designated_server(key, answered, n);
         let slice = give_up
             .saturating_duration_since(Instant::now())
-            .min(crate::QUEUE_SLICE);
+            .min(crate::QUEUE_SLICE)
+            .min(request.ttl / 4);
         if slice < Duration::from_millis(1) {
             return None;
         }
         let client = &self.clients[designated];
+        // The grant may come at any moment of the slice, and the lease starts then: the
+        // validity is counted from the slice's start, the earliest moment it can have started.
+        let sent_at = Instant::now();
         let first = match client.inner.dedicated().await {
             Ok(conn) => {
                 let bound = slice.saturating_add(client.inner.timeout + WAIT_REPLY_MARGIN);
@@ -1258,9 +1262,6 @@ impl AsyncRedlock {
             }
             Err(o) => o,
         };
-        let granted_at = Instant::now()
-            .checked_sub(WAITED_GRANT_MARGIN)
-            .unwrap_or_else(Instant::now);
         let give_up_left = || give_up.saturating_duration_since(Instant::now());
         match first {
             Outcome::Granted(token) => {
@@ -1294,7 +1295,7 @@ impl AsyncRedlock {
                 }
                 let validity = request
                     .ttl
-                    .checked_sub(granted_at.elapsed() + drift(request.ttl))
+                    .checked_sub(sent_at.elapsed() + drift(request.ttl))
                     .filter(|v| !v.is_zero());
                 if tokens.len() >= self.quorum {
                     if let Some(validity) = validity {

@@ -1179,8 +1179,10 @@ pub struct Redlock {
 pub enum WaitStrategy {
     /// The default: after a failed attempt (released everywhere, so nothing is held), queue on
     /// one server with the module's `WAIT` (the same server for every waiter of a key, chosen
-    /// by the key, skipping servers that did not answer), in slices of at most a second. When
-    /// that server grants, ask the others at once (without waiting, retrying a few times over
+    /// by the key, skipping servers that did not answer), in slices of at most a second and a
+    /// quarter of the ttl (the validity of a lock got this way counts from the start of the
+    /// slice, the earliest moment its grant can have started). When that server grants, ask
+    /// the others at once (without waiting, retrying a few times over
     /// some milliseconds while the previous holder's releases arrive); without a majority,
     /// release and back off (randomly, growing to a second). A waiter then costs each server
     /// about one or two commands per second, and a released lock passes to the head waiter in
@@ -1452,7 +1454,8 @@ impl Redlock {
         let designated = designated_server(key, answered, n);
         let slice = give_up
             .saturating_duration_since(Instant::now())
-            .min(QUEUE_SLICE);
+            .min(QUEUE_SLICE)
+            .min(request.ttl / 4);
         if slice < Duration::from_millis(1) {
             return None;
         }
@@ -1461,6 +1464,9 @@ impl Redlock {
                 .map(|j| (j == i).then(|| request.command(key, owner, wait)))
                 .collect()
         };
+        // The grant may come at any moment of the slice, and the lease starts then: the
+        // validity is counted from the slice's start, the earliest moment it can have started.
+        let sent_at = Instant::now();
         let waited = instance::scatter_gather(
             &self.servers.instances,
             &one(designated, Some(slice)),
@@ -1471,9 +1477,6 @@ impl Redlock {
             .nth(designated)
             .map(acquire_outcome)
             .unwrap_or(Outcome::Unreachable("not sent".into()));
-        let granted_at = Instant::now()
-            .checked_sub(WAITED_GRANT_MARGIN)
-            .unwrap_or_else(Instant::now);
         match first {
             Outcome::Granted(token) => {
                 let mut tokens = vec![(designated, token)];
@@ -1507,7 +1510,7 @@ impl Redlock {
                 }
                 let validity = request
                     .ttl
-                    .checked_sub(granted_at.elapsed() + drift(request.ttl))
+                    .checked_sub(sent_at.elapsed() + drift(request.ttl))
                     .filter(|v| !v.is_zero());
                 if tokens.len() >= quorum {
                     if let Some(validity) = validity {

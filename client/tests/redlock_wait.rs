@@ -172,3 +172,26 @@ fn measure_redlock_wait_cost_and_handover() {
     let (cost, _) = measure(WaitStrategy::Queue, 4, 3);
     assert!(cost < 10.0, "{cost}");
 }
+
+#[test]
+fn a_queued_grant_counts_its_validity_from_the_start_of_its_slice() {
+    // ttl 4 s: slices of 1 s. The holder releases 700 ms into the waiter's first slice; the
+    // server granted then, but the client cannot tell when within the slice, so the lease is
+    // counted from the slice's start: at least those 700 ms are gone from its validity.
+    let servers = three();
+    let rl = redlock(&servers);
+    let ttl = Duration::from_secs(4);
+    let holder = rl.acquire("v", Acquire::write(ttl)).unwrap();
+    let waiter = {
+        let rl = rl.clone();
+        thread::spawn(move || {
+            rl.acquire("v", Acquire::write(ttl).wait(PATIENCE))
+                .map(|g| g.validity())
+        })
+    };
+    thread::sleep(Duration::from_millis(700));
+    holder.release().unwrap();
+    let validity = waiter.join().unwrap().unwrap();
+    assert!(validity > Duration::ZERO);
+    assert!(validity < ttl - Duration::from_millis(500), "{validity:?}");
+}
