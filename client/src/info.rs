@@ -18,6 +18,19 @@ pub struct Holder {
     pub ttl: Duration,
 }
 
+/// One queued client of a key, as `LOCK.INFO` lists it (servers with the `waiters` field).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    /// The owner it asks under.
+    pub owner: String,
+    /// `write`, `read` or `permit`.
+    pub mode: String,
+    /// How long it has been queued.
+    pub waited: Duration,
+    /// Its connection's id (as `CLIENT LIST` and `CLIENT KILL ID` name it).
+    pub client_id: u64,
+}
+
 /// What `LOCK.INFO key` says about a lock or semaphore key.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct LockInfo {
@@ -35,6 +48,9 @@ pub struct LockInfo {
     pub delay: Duration,
     /// A semaphore's capacity (`None` for a lock key).
     pub capacity: Option<u64>,
+    /// The queued clients, head first (empty on a replica, or from a module version without
+    /// the field).
+    pub waiters: Vec<Waiter>,
 }
 
 impl LockInfo {
@@ -73,6 +89,22 @@ impl LockInfo {
                     info.queue = match v {
                         Value::Array(q) => q.iter().filter_map(text).collect(),
                         _ => Vec::new(),
+                    }
+                }
+                Some("waiters") => {
+                    let Value::Array(list) = v else {
+                        return Err(format!("unexpected waiters {v:?}"));
+                    };
+                    for w in list {
+                        match w {
+                            Value::Array(f) if f.len() >= 4 => info.waiters.push(Waiter {
+                                owner: text(&f[0]).unwrap_or_default(),
+                                mode: text(&f[1]).unwrap_or_default(),
+                                waited: Duration::from_millis(int(&f[2])?),
+                                client_id: int(&f[3])?,
+                            }),
+                            other => return Err(format!("unexpected waiter {other:?}")),
+                        }
                     }
                 }
                 Some("holders") => {

@@ -219,7 +219,7 @@ use crate::bound::BoundLink;
 use crate::instance::millis;
 pub use bound::BOUND_CLIENT_NAME;
 pub use guard::{LockGuard, LostLock, Watchdog};
-pub use info::{Holder, LockInfo, OwnerIdentity};
+pub use info::{Holder, LockInfo, OwnerIdentity, Waiter};
 pub use instance::{Instance, Outcome};
 
 /// What a guard holds: an exclusive (write) lock, a shared (read) lock, or one permit of a
