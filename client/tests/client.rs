@@ -495,3 +495,33 @@ fn using_hands_the_guard_over_and_shows_a_lock_taken_away() {
         Err(LockError::InvalidRequest { .. })
     ));
 }
+
+#[test]
+fn one_lock_client_cloned_into_16_threads_never_overlaps() {
+    let server = Server::start();
+    let client = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, inside, done) = (client.clone(), inside.clone(), done.clone());
+            thread::spawn(move || {
+                for _ in 0..10 {
+                    let g = client
+                        .lock("shared", Duration::from_secs(10), PATIENCE * 3)
+                        .expect("lock within the wait");
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    thread::sleep(Duration::from_millis(1));
+                    inside.store(false, Ordering::SeqCst);
+                    g.release().expect("release");
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 160);
+    assert!(client.info("shared").unwrap().is_none());
+}
