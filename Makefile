@@ -50,7 +50,7 @@ test-server:
 	$(CARGO) test -p redis-lock-core -p redis-lock-testkit
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
-	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client
+	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client --features tls
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-python
 
 # Benchmarks: the module against SET NX + polling and a Lua fair lock, in one run, on a server
@@ -95,6 +95,7 @@ lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --all-targets --features test-hooks -- -D warnings
+	$(CARGO) clippy -p redis-lock-client --all-targets --features tls -- -D warnings
 	$(MAKE) lint-python
 
 fmt:

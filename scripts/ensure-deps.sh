@@ -51,6 +51,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
 have_libclang || missing+=(libclang-dev)
+# The Rust client's TLS test makes a throwaway CA and certificate with the openssl command.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # The Python client's tests run in a virtual environment (Debian's python3 needs python3-venv).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # Prometheus's redis_exporter, for the test of the shipped collect script (tests/observability.rs).
