@@ -170,17 +170,10 @@ fn the_end_of_a_bound_hold_is_notified_and_reaches_replicas() {
     assert_eq!(int(&mut holder, &["WAIT", "1", "5000"]), 1);
     assert_eq!(holders(&mut r, "k"), vec![("h".to_string(), 1)]);
     drop(holder);
-    let mut names = Vec::new();
-    while names.len() < 2 {
-        let msg = pubsub.get_message().expect("event");
-        names.push(
-            msg.get_channel_name()
-                .rsplit(':')
-                .next()
-                .unwrap()
-                .to_string(),
-        );
-    }
+    let names: Vec<String> = next_events(&mut pubsub, 2)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     assert_eq!(names, ["lock.acquire", "lock.disconnect"]);
     wait_until("the replica dropped the hold", || {
         info(&mut r, "k").is_none()

@@ -6,22 +6,7 @@ use redis_lock_testkit::*;
 
 #[test]
 fn a_three_master_cluster_routes_lock_commands_by_key() {
-    let nodes: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::start_with(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "5000",
-            ])
-        })
-        .collect();
-    create_cluster(&nodes, 0).unwrap_or_else(|e| panic!("{e}"));
-    for n in &nodes {
-        wait_until("cluster ok", || cluster_state_ok(n.port));
-    }
+    let nodes = start_cluster(3);
 
     // Keys spread over slots: find which node owns each and check they all lock.
     let keys: Vec<String> = (0..12).map(|i| format!("lock:{i}")).collect();

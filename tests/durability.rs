@@ -444,16 +444,8 @@ fn keyspace_events_for_acquire_release_and_expire() {
     int(&mut c, &["LOCK.ACQUIRE", "ev", "a", "100000"]);
     int(&mut c, &["LOCK.RELEASE", "ev", "a"]);
     int(&mut c, &["LOCK.ACQUIRE", "ev", "b", "50"]);
-    let mut seen = Vec::new();
-    while seen.len() < 4 {
-        let msg = pubsub.get_message().expect("event");
-        let payload: String = msg.get_payload().unwrap();
-        seen.push((msg.get_channel_name().to_string(), payload));
-    }
-    let names: Vec<&str> = seen
-        .iter()
-        .map(|(ch, _)| ch.rsplit(':').next().unwrap())
-        .collect();
+    let seen = next_events(&mut pubsub, 4);
+    let names: Vec<&str> = seen.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(
         names,
         vec![

@@ -149,15 +149,7 @@ fn every_state_change_has_a_keyspace_event() {
         "lock.acquire",
     ];
     let mut seen = Vec::new();
-    while seen.len() < expected.len() {
-        let msg = pubsub.get_message().expect("event");
-        let name = msg
-            .get_channel_name()
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .to_string();
-        let key: String = msg.get_payload().unwrap();
+    for (name, key) in next_events(&mut pubsub, expected.len()) {
         assert_eq!(key, "ev");
         seen.push(name);
     }

@@ -2090,18 +2090,7 @@ fn keyspace_events_for_permits() {
         ("lock.acquire", "ev3"),
         ("lock.disconnect", "ev3"),
     ];
-    let mut seen = Vec::new();
-    while seen.len() < expected.len() {
-        let msg = pubsub.get_message().expect("event");
-        let payload: String = msg.get_payload().unwrap();
-        let name = msg
-            .get_channel_name()
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .to_string();
-        seen.push((name, payload));
-    }
+    let seen = next_events(&mut pubsub, expected.len());
     // The waiter's expiry (50 ms) may come before or after the releases of ev2, and a
     // release's own event may come after the grant it made.
     let mut got: Vec<(String, String)> = seen.clone();

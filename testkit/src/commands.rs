@@ -142,3 +142,17 @@ pub fn value_texts(v: &Value) -> Vec<String> {
         other => panic!("expected an array, got {other:?}"),
     }
 }
+
+/// The next `n` keyspace events from `pubsub` (subscribed to `__keyevent@<db>__:...` channels):
+/// (event name, key), in arrival order. Waits up to the pubsub's read timeout for each.
+pub fn next_events(pubsub: &mut redis::PubSub<'_>, n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|_| {
+            let msg = pubsub.get_message().expect("keyspace event");
+            let key: String = msg.get_payload().expect("event payload");
+            let channel = msg.get_channel_name();
+            let name = channel.rsplit(':').next().unwrap_or(channel).to_string();
+            (name, key)
+        })
+        .collect()
+}

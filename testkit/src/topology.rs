@@ -65,6 +65,28 @@ pub fn create_cluster(nodes: &[Server], replicas: u32) -> Result<(), String> {
     }
 }
 
+/// Starts `masters` cluster-enabled servers with the module (node timeout 5 s), makes them one
+/// cluster without replicas, and waits until every node says the cluster is ok.
+pub fn start_cluster(masters: usize) -> Vec<Server> {
+    let nodes: Vec<Server> = (0..masters)
+        .map(|_| {
+            Server::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ])
+        })
+        .collect();
+    create_cluster(&nodes, 0).unwrap_or_else(|e| panic!("{e}"));
+    for n in &nodes {
+        wait_until("cluster ok", || cluster_state_ok(n.port));
+    }
+    nodes
+}
+
 /// `CLUSTER INFO` of the node on `port` says `cluster_state:ok` (false when unreachable).
 pub fn cluster_state_ok(port: u16) -> bool {
     let Some(mut c) = connect(port) else {
