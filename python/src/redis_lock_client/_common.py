@@ -355,7 +355,8 @@ def grant_token(reply: Any) -> Optional[int]:
 
 #: Adds to (or replaces) the calling owner's remaining ttl in one step, on the server:
 #: redis-py's ``extend(additional_time, replace_ttl=False)`` semantics on LOCK.EXTEND (which
-#: sets now + ttl). Returns 1, or 0 when the owner holds nothing (as redis-py's script does).
+#: sets now + ttl). Returns the new ttl in ms (>= 1), or 0 when the owner holds nothing (as
+#: redis-py's script does): the caller counts its lease from the new ttl, not from 1.
 EXTEND_SCRIPT = """
 local info = redis.call('LOCK.INFO', KEYS[1])
 if not info then return 0 end
@@ -372,7 +373,7 @@ for _, h in ipairs(holders) do
       return redis.error_reply('ERR the extended ttl would be over 2^47 ms')
     end
     redis.call('LOCK.EXTEND', KEYS[1], ARGV[1], string.format('%d', ttl))
-    return 1
+    return ttl
   end
 end
 return 0

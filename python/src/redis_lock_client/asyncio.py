@@ -196,10 +196,9 @@ async def _abandon(conn: Any, release: Optional[List[Any]]) -> None:
     """Writes ``release`` behind an unanswered request and closes the connection; shielded,
     so it completes even while the calling task is being cancelled."""
     task = asyncio.ensure_future(_abandon_now(conn, release))
-    try:
-        await asyncio.shield(task)
-    except BaseException:  # noqa: BLE001 - cancelled again: the task finishes on its own
-        pass
+    # _abandon_now never raises; if the caller is cancelled meanwhile, the task still finishes
+    # on its own and the cancellation propagates (it used to be swallowed here).
+    await asyncio.shield(task)
 
 
 def _trouble(e: BaseException) -> bool:
@@ -231,6 +230,7 @@ class _Hold:
         self.source = source
         self.conn_lock = asyncio.Lock()
         self.loss: Optional[LockLostError] = None
+        self.lease_sent = -math.inf  # when the extend that set valid_until was sent
         self.stopped = False
         self.watchdog: Optional["asyncio.Task[None]"] = None
 
@@ -250,8 +250,10 @@ class _Hold:
             self.loss = err
 
     def confirm(self, sent: float, ttl: float) -> None:
-        if self.loss is None and time.monotonic() < self.valid_until:
-            self.valid_until = max(self.valid_until, sent + ttl - drift(ttl, 0.01))
+        """As the sync hold's: the last extend sent wins, also when it shortened the lease."""
+        if self.loss is None and time.monotonic() < self.valid_until and sent >= self.lease_sent:
+            self.lease_sent = sent
+            self.valid_until = sent + ttl - drift(ttl, 0.01)
 
 
 class _Local(threading.local):
@@ -347,7 +349,21 @@ class Lock:
         wait: Optional[float] = None
         if blocking and bt != 0:
             wait = math.inf if bt is None else bt
-        hold = await self._acquire(owner, wait)
+        try:
+            hold = await self._acquire(owner, wait)
+        except LockError:
+            raise  # a refusal: nothing was granted
+        except BaseException as e:
+            # Cancelled (or interrupted) while the first, immediate request was out on the
+            # client's own connection: the server may have granted it, and redis-py dropped the
+            # reply with the connection. Give it back, as the sync acquire does (a wait on a
+            # connection of ours is handed back by _send; a bound hold ends with its connection).
+            if not self.bind and not _trouble(e):
+                try:
+                    await asyncio.shield(self.redis.execute_command(*release_args(self.name, owner)))
+                except BaseException:  # noqa: BLE001 - best effort; NOTOWNER is the usual answer
+                    pass
+            raise
         if hold is None:
             return False
         self.local.token = owner
@@ -558,10 +574,9 @@ async def _stop_watchdog(hold: Any) -> None:
     t = hold.watchdog
     if t is not None and t is not asyncio.current_task():
         t.cancel()
-        try:
-            await t
-        except BaseException:  # noqa: BLE001
-            pass
+        # Waits for the watchdog to end without taking on its outcome (its own cancellation);
+        # a cancellation of the caller (release()) still propagates.
+        await asyncio.wait([t])
 
 
 async def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost], owner_ref: "weakref.ref[Any]") -> None:
@@ -592,7 +607,17 @@ async def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost],
                 if own is None:
                     source = _source_of(client, name)
                     own = _take(source)
-                await _call(own, args, left, left)
+                try:
+                    await _call(own, args, left, left)
+                except ResponseError:
+                    raise  # the reply was read: the connection is clean
+                except BaseException:
+                    # No reply read (timed out, failed, or cancelled by release()): the
+                    # connection must never go back to the idle ones, where the next wait
+                    # would read this reply as its own grant.
+                    dirty, own = own, None
+                    await _abandon(dirty, None)
+                    raise
                 assert hold.ttl is not None and interval is not None
                 hold.confirm(sent, hold.ttl)
                 next_extend = sent + interval
@@ -741,18 +766,21 @@ class _Instance:
         kw = pool.connection_kwargs
         self.name = str(kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}")
         self.timeout = timeout
-        self._idle: List[Any] = []
+        self._idle: List[Tuple[int, Any, Any]] = []  # (pid, event loop, connection)
 
     def take(self) -> Any:
+        loop = asyncio.get_running_loop()
+        pid = os.getpid()
         while self._idle:
-            conn = self._idle.pop()
-            if not _is_closed(conn):
+            owner_pid, owner_loop, conn = self._idle.pop()
+            # Another process's (fork) or event loop's streams are unusable here.
+            if owner_pid == pid and owner_loop is loop and not _is_closed(conn):
                 return conn
         return _new_connection(self.pool)
 
     def put(self, conn: Any) -> None:
         if len(self._idle) < 8:
-            self._idle.append(conn)
+            self._idle.append((os.getpid(), asyncio.get_running_loop(), conn))
         else:
             asyncio.ensure_future(conn.disconnect())
 
@@ -783,6 +811,7 @@ class _RedHold:
         self.tokens = tokens
         self.links = links
         self.loss: Optional[LockLostError] = None
+        self.lease_sent = -math.inf  # when the extend that set valid_until was sent
         self.stopped = False
         self.watchdog: Optional["asyncio.Task[None]"] = None
 
@@ -1060,7 +1089,11 @@ class Redlock:
             if time.monotonic() >= hold.valid_until:
                 hold.loss = LockLostError("an extend was confirmed only after the validity ran out", self.name, "expired")
                 raise hold.loss
-            hold.valid_until = max(hold.valid_until, sent + ttl - drift(ttl, self.drift_factor))
+            # The last extend sent wins, also one that shortened the lease (extend(t) replaces
+            # the ttl on the servers).
+            if sent >= hold.lease_sent:
+                hold.lease_sent = sent
+                hold.valid_until = sent + ttl - drift(ttl, self.drift_factor)
             return
         if len(outcomes) - gone < self.quorum:
             hold.loss = LockLostError(

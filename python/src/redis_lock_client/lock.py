@@ -98,6 +98,7 @@ class _Hold:
         self.mutex = threading.Lock()  # guards conn and the lease fields
         self.conn_lock = threading.Lock()  # held while a request is out on conn
         self.loss: Optional[LockLostError] = None
+        self.lease_sent = -math.inf  # when the extend that set valid_until was sent
         self.stop = threading.Event()
         self.watchdog: Optional[threading.Thread] = None
 
@@ -138,9 +139,14 @@ class _Hold:
                 self.loss = err
 
     def confirm(self, sent_at: float, ttl: float, factor: float = 0.01) -> None:
+        """An extend sent at ``sent_at`` set the server's ttl to ``ttl`` seconds. The last one
+        sent wins, also when it shortened the lease (``extend(t, replace_ttl=True)``, a
+        ``reacquire()`` after a longer extend, the watchdog's renewal to ``timeout``); one
+        confirmed after the validity ran out revives nothing."""
         with self.mutex:
-            if self.loss is None and time.monotonic() < self.valid_until:
-                self.valid_until = max(self.valid_until, sent_at + ttl - drift(ttl, factor))
+            if self.loss is None and time.monotonic() < self.valid_until and sent_at >= self.lease_sent:
+                self.lease_sent = sent_at
+                self.valid_until = sent_at + ttl - drift(ttl, factor)
 
 
 class Lock:
@@ -306,7 +312,7 @@ class Lock:
             raise make_error(LockNotOwnedError, "Cannot extend a lock that's no longer owned", self.name)
         hold = getattr(self.local, "hold", None)
         if hold is not None:
-            hold.confirm(sent, int(new_ms) / 1000)
+            hold.confirm(sent, new_ms / 1000)  # the script answers with the new ttl (ms)
         return True
 
     def reacquire(self) -> Literal[True]:
@@ -563,7 +569,16 @@ def _watch(client: Any, name: Any, hold: _Hold, on_lost: Optional[OnLost], owner
                 if own is None:
                     pool = conns.pool_of(client, name)
                     own = conns.take(pool)
-                conns.call(own, args, left)
+                try:
+                    conns.call(own, args, left)
+                except ResponseError:
+                    raise  # the reply was read: the connection is clean
+                except BaseException:
+                    # No reply read: never back to the idle connections (the next wait would
+                    # read this reply as its own grant).
+                    dirty, own = own, None
+                    conns.abandon(dirty, None)
+                    raise
                 assert hold.ttl is not None
                 hold.confirm(sent, hold.ttl)
                 next_extend = sent + interval

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
 import random
 import threading
 import time
 import weakref
+import concurrent.futures
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
@@ -46,11 +49,24 @@ _executor_lock = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
+    """The threads that ask the servers (one pool per process, see _after_fork)."""
     global _executor
     with _executor_lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="redlock")
         return _executor
+
+
+def _after_fork() -> None:
+    # A forked child inherits the parent's pool without its threads: work submitted there
+    # would never run (and the lock may have been held by another thread at the fork).
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class Outcome:
@@ -82,12 +98,18 @@ class _Instance:
         self.pool = pool
         self.name = conns.server_name(pool)
         self.timeout = timeout
-        self._idle: List[Any] = []
+        self._idle: List[Tuple[int, Any]] = []  # (pid, connection)
         self._lock = threading.Lock()
 
     def take(self) -> Any:
+        pid = os.getpid()
+        conn = None
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
+            while self._idle and conn is None:
+                owner_pid, c = self._idle.pop()
+                if owner_pid == pid:
+                    conn = c
+                # else: inherited through fork: its socket is the parent's, never ours to use
         if conn is not None and conns.is_closed(conn):
             conn.disconnect()
         if conn is None:
@@ -101,7 +123,7 @@ class _Instance:
     def put(self, conn: Any) -> None:
         with self._lock:
             if len(self._idle) < 8:
-                self._idle.append(conn)
+                self._idle.append((os.getpid(), conn))
                 return
         conn.disconnect()
 
@@ -136,6 +158,7 @@ class _RedHold:
         self.links = links  # bound: one connection per server (None where it did not grant)
         self.mutex = threading.Lock()
         self.loss: Optional[LockLostError] = None
+        self.lease_sent = -math.inf  # when the extend that set valid_until was sent
         self.stop = threading.Event()
         self.watchdog: Optional[threading.Thread] = None
 
@@ -254,7 +277,20 @@ class Redlock:
             started = time.monotonic()
             args = req.args(self.name, owner, None)
             rel = release_args(self.name, owner)
-            results = self._scatter(lambda i: self.instances[i].request(args, links[i] if links else None, rel, links is not None))
+
+            def undo(got: List[Tuple[Outcome, Any]], owner: bytes = owner, rel: List[Any] = rel) -> None:
+                # Interrupted (KeyboardInterrupt) while the requests were out: they ran on in
+                # the pool's threads and may have been granted. Close the connections they
+                # came back on (ends a bound hold) and release everywhere.
+                for _, conn in got:
+                    if conn is not None:
+                        conns.abandon(conn, rel)
+                self._release_everywhere(owner, None, None)
+
+            results = self._scatter(
+                lambda i: self.instances[i].request(args, links[i] if links else None, rel, links is not None),
+                on_interrupt=undo,
+            )
             elapsed = time.monotonic() - started
             outcomes: List[Outcome] = []
             for i, (out, conn) in enumerate(results):
@@ -387,11 +423,26 @@ class Redlock:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _scatter(self, fn: Callable[[int], Tuple[Outcome, Any]]) -> List[Tuple[Outcome, Any]]:
+    def _scatter(
+        self,
+        fn: Callable[[int], Tuple[Outcome, Any]],
+        on_interrupt: Optional[Callable[[List[Tuple[Outcome, Any]]], None]] = None,
+    ) -> List[Tuple[Outcome, Any]]:
+        """``fn`` for every server at once. One server: in this thread (an interrupt lands in
+        the request, which abandons its connection behind a release). More: in a thread pool;
+        if this thread is interrupted while they run, the requests go on (each bounded by
+        ``instance_timeout``): ``on_interrupt`` gets their results once they ended, then the
+        interrupt propagates."""
         if len(self.instances) == 1:
             return [fn(0)]
         futures = [_pool().submit(fn, i) for i in range(len(self.instances))]
-        return [f.result() for f in futures]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            if on_interrupt is not None:
+                concurrent.futures.wait(futures)
+                on_interrupt([f.result() for f in futures if f.exception() is None])
+            raise
 
     def _release_everywhere(self, owner: bytes, links: Optional[List[Any]], outcomes: Optional[List[Outcome]]) -> List[Outcome]:
         args = release_args(self.name, owner)
@@ -475,7 +526,11 @@ class Redlock:
                 if time.monotonic() >= hold.valid_until:
                     hold.loss = LockLostError("an extend was confirmed only after the validity ran out", self.name, "expired")
                     raise hold.loss
-                hold.valid_until = max(hold.valid_until, sent + ttl - drift(ttl, self.drift_factor))
+                # The last extend sent wins, also one that shortened the lease (extend(t)
+                # replaces the ttl on the servers).
+                if sent >= hold.lease_sent:
+                    hold.lease_sent = sent
+                    hold.valid_until = sent + ttl - drift(ttl, self.drift_factor)
                 return
             if len(outcomes) - gone < self.quorum:
                 hold.loss = LockLostError(
