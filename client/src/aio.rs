@@ -11,9 +11,12 @@
 //! with [`Acquire::min_replicas`], whose `WAIT` blocks its connection) never goes over the
 //! shared connection, where it would hold up every other request behind it: it takes a
 //! dedicated connection from a small pool of idle ones (or opens one), and puts it back after
-//! a complete reply. A dedicated connection whose reply did not come in time, or whose request
-//! was cancelled (the acquire future dropped), is closed, which also takes its waiter out of
-//! the server's queue.
+//! a complete reply. A dedicated connection whose reply did not come in time is closed, which
+//! also takes its waiter out of the server's queue. One whose request was cancelled (the
+//! acquire future dropped) gets a release behind the request and a `CLIENT UNBLOCK` of its
+//! wait (over the shared connection), from a task spawned on the runtime, and is closed once
+//! the release is answered: the waiter leaves the queue at once, and a grant that was already
+//! on its way is released rather than left to its ttl (see [`AsyncLockClient::acquire`]).
 //!
 //! [`AsyncRedlock`] is the quorum lock over N independent servers, one [`AsyncLockClient`]
 //! per server, with queued waits as [`crate::Redlock`] has them.
@@ -63,7 +66,7 @@ use redis::{AsyncConnectionConfig, Cmd, Value};
 use tokio::sync::watch;
 
 use crate::info::OwnerIdentity;
-use crate::instance::WAIT_REPLY_MARGIN;
+use crate::instance::{error_outcome, WAIT_REPLY_MARGIN};
 use rand::Rng;
 
 use crate::{
@@ -111,11 +114,12 @@ struct Inner {
     name: String,
     timeout: Duration,
     shared: tokio::sync::Mutex<Option<Conn>>,
-    idle: Mutex<Vec<Conn>>,
+    /// Idle dedicated connections, each with its server-side client id where known.
+    idle: Mutex<Vec<(Conn, Option<i64>)>>,
 }
 
 impl Inner {
-    fn idle(&self) -> MutexGuard<'_, Vec<Conn>> {
+    fn idle(&self) -> MutexGuard<'_, Vec<(Conn, Option<i64>)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -169,7 +173,7 @@ impl Inner {
         let reply = tokio::time::timeout(self.timeout + WAIT_REPLY_MARGIN, conn.query(cmd)).await;
         match reply {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if !is_io(&e) => Err(Outcome::from_error_text(e.to_string())),
+            Ok(Err(e)) if !is_io(&e) => Err(error_outcome(&e)),
             Ok(Err(e)) => {
                 *self.shared.lock().await = None;
                 Err(unreachable(&e))
@@ -181,18 +185,39 @@ impl Inner {
         }
     }
 
-    async fn dedicated(&self) -> Result<Conn, Outcome> {
+    /// A dedicated connection (from the idle ones, or opened), with its client id.
+    async fn dedicated(&self) -> Result<(Conn, Option<i64>), Outcome> {
         let idle = self.idle().pop();
         match idle {
             Some(c) => Ok(c),
-            None => self.open(true).await.map_err(|e| unreachable(&e)),
+            None => {
+                let conn = self.open(true).await.map_err(|e| unreachable(&e))?;
+                Ok(self.with_id(conn).await)
+            }
         }
     }
 
-    fn put_back(&self, conn: Conn) {
+    /// The connection's `CLIENT ID` (one server only; `None` for a cluster connection, or when
+    /// the server refuses it): what a cancelled wait is taken out of the queue by
+    /// (`CLIENT UNBLOCK`, see [`ReleaseOnCancel`]).
+    async fn with_id(&self, conn: Conn) -> (Conn, Option<i64>) {
+        if !matches!(conn, Conn::Single(_)) {
+            return (conn, None);
+        }
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("ID");
+        let copy = conn.clone();
+        match on_dedicated(conn, &cmd, self.timeout + WAIT_REPLY_MARGIN).await {
+            (Some(conn), Ok(Value::Int(id))) => (conn, Some(id)),
+            (Some(conn), _) => (conn, None),
+            (None, _) => (copy, None),
+        }
+    }
+
+    fn put_back(&self, conn: Conn, id: Option<i64>) {
         let mut idle = self.idle();
         if idle.len() < MAX_IDLE {
-            idle.push(conn);
+            idle.push((conn, id));
         }
     }
 }
@@ -214,9 +239,101 @@ async fn on_dedicated(
 ) -> (Option<Conn>, Result<Value, Outcome>) {
     match tokio::time::timeout(bound, conn.query(cmd)).await {
         Ok(Ok(v)) => (Some(conn), Ok(v)),
-        Ok(Err(e)) if !is_io(&e) => (Some(conn), Err(Outcome::from_error_text(e.to_string()))),
+        Ok(Err(e)) if !is_io(&e) => (Some(conn), Err(error_outcome(&e))),
         Ok(Err(e)) => (None, Err(unreachable(&e))),
         Err(_) => (None, Err(Outcome::Unreachable("no reply in time".into()))),
+    }
+}
+
+/// Where a cancelled request's release goes: behind the request on its own dedicated
+/// connection, or over a client's shared connection (where the request went too).
+enum Behind {
+    /// A request on a dedicated connection, which may still be waiting on the server: the
+    /// release goes behind it, and `CLIENT UNBLOCK id` (over the shared connection) ends the
+    /// wait at once, so the waiter leaves the queue and the release is answered. Without an id
+    /// (a cluster, or a server that refused `CLIENT ID`) the release is answered when the wait
+    /// ends: granted (and released) or timed out. The connection closes after the release's
+    /// answer.
+    Waiting {
+        conn: Conn,
+        id: Option<i64>,
+        client: AsyncLockClient,
+    },
+    Shared(AsyncLockClient),
+}
+
+/// Armed while acquire requests of a random owner are out (the owner holds nothing else, so a
+/// `LOCK.RELEASE key owner ALL` can only undo them). If the acquire's future is dropped before
+/// [`ReleaseOnCancel::disarm`] (a `select!`, a timeout, an aborted task), its drop spawns that
+/// release on the runtime, on the connection each request went over: the server answers it after
+/// the request, so a grant that was already on its way (or comes at the end of a wait) is
+/// released at once instead of staying held, unknown to anyone, until its ttl.
+struct ReleaseOnCancel {
+    pending: Option<(Vec<(Behind, Duration)>, Cmd)>,
+}
+
+impl ReleaseOnCancel {
+    fn new(via: Vec<(Behind, Duration)>, key: &str, owner: &str) -> Self {
+        ReleaseOnCancel {
+            pending: Some((via, release_cmd(key, owner))),
+        }
+    }
+
+    /// Not armed: for an owner that may hold the key through other guards.
+    fn none() -> Self {
+        ReleaseOnCancel { pending: None }
+    }
+
+    /// The request's reply was read: nothing to undo here any more.
+    fn disarm(mut self) {
+        self.pending = None;
+    }
+}
+
+impl Drop for ReleaseOnCancel {
+    fn drop(&mut self) {
+        let Some((via, cmd)) = self.pending.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for (behind, bound) in via {
+            let cmd = cmd.clone();
+            rt.spawn(async move {
+                match behind {
+                    // Dropped afterwards: a bound connection then closes behind its release.
+                    Behind::Waiting {
+                        mut conn,
+                        id,
+                        client,
+                    } => {
+                        let mut release = Box::pin(tokio::time::timeout(bound, conn.query(&cmd)));
+                        let Some(id) = id else {
+                            let _ = release.await;
+                            return;
+                        };
+                        let mut unblock = redis::cmd("CLIENT");
+                        unblock.arg("UNBLOCK").arg(id);
+                        // The release is queued on the connection first (biased), then the wait
+                        // is ended. If the server refuses CLIENT UNBLOCK (an ACL without
+                        // @admin), the connection is closed at once instead, which also takes
+                        // the waiter out of the queue.
+                        let unblocked = tokio::select! {
+                            biased;
+                            _ = &mut release => return,
+                            r = client.inner.short(&unblock) => r,
+                        };
+                        if matches!(unblocked, Ok(Value::Int(_))) {
+                            let _ = release.await;
+                        }
+                    }
+                    Behind::Shared(client) => {
+                        let _ = client.inner.short(&cmd).await;
+                    }
+                }
+            });
+        }
     }
 }
 
@@ -320,9 +437,15 @@ impl AsyncLockClient {
     /// it; a closing by the server is found at the next extend ([`LockError::Disconnected`]).
     /// A cluster client refuses `bind` and `min_replicas` ([`LockError::InvalidRequest`]).
     ///
-    /// Cancelling the returned future (dropping it, as a `select!` does) while it waits closes
-    /// its connection, which takes the waiter out of the server's queue; a grant that was
-    /// already on its way is then left to its ttl.
+    /// Cancelling the returned future (dropping it, as a `select!` or a timeout does) once the
+    /// request is out spawns, on the runtime, a `LOCK.RELEASE key owner ALL` behind the request
+    /// on the connection it went over; a waiting request is also ended (`CLIENT UNBLOCK` of its
+    /// dedicated connection, which then closes), so the waiter leaves the queue at once. A grant
+    /// that was already on its way is so released, not left held, unknown to anyone, until its
+    /// ttl. Not with an explicit owner ([`Acquire::owner`], [`OwnerIdentity::Fixed`]): a release
+    /// could take one of the owner's other holds, so a late grant there is left to its ttl.
+    /// On a cluster client the waiter is not unblocked: the release is answered (and the
+    /// connection closed) when its wait ends, granted or not.
     pub async fn acquire(
         &self,
         key: &str,
@@ -343,35 +466,50 @@ impl AsyncLockClient {
         let started = Instant::now();
         let cmd = request.command(key, &owner, request.wait);
         let dedicated = request.wait.is_some() || request.min_replicas.is_some();
-        let (mut conn, reply) = if request.bind {
-            match self.bound_connection().await {
-                Ok(conn) => {
-                    let bound = request
-                        .wait
-                        .unwrap_or_default()
-                        .saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
-                    on_dedicated(conn, &cmd, bound).await
-                }
-                Err(o) => return Err(classify(&self.named(o), 1)),
+        let bound = request
+            .wait
+            .unwrap_or_default()
+            .saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
+        // If this future is dropped while the request is out, its grant is released (see
+        // `ReleaseOnCancel`); not for an explicit owner, whose other holds a release could take.
+        let armed = |behind: Behind| {
+            if request.release_all() {
+                ReleaseOnCancel::new(vec![(behind, bound)], key, &owner)
+            } else {
+                ReleaseOnCancel::none()
             }
-        } else if dedicated {
-            let conn = match self.inner.dedicated().await {
+        };
+        let mut conn_id = None;
+        let (mut conn, reply) = if request.bind || dedicated {
+            let opened = if request.bind {
+                self.bound_connection().await
+            } else {
+                self.inner.dedicated().await
+            };
+            let (conn, id) = match opened {
                 Ok(c) => c,
                 Err(o) => return Err(classify(&self.named(o), 1)),
             };
-            let bound = request
-                .wait
-                .unwrap_or_default()
-                .saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
-            on_dedicated(conn, &cmd, bound).await
+            conn_id = id;
+            let cancel = armed(Behind::Waiting {
+                conn: conn.clone(),
+                id,
+                client: self.clone(),
+            });
+            let done = on_dedicated(conn, &cmd, bound).await;
+            cancel.disarm();
+            done
         } else {
-            (None, self.inner.short(&cmd).await)
+            let cancel = armed(Behind::Shared(self.clone()));
+            let reply = self.inner.short(&cmd).await;
+            cancel.disarm();
+            (None, reply)
         };
         let outcome = acquire_outcome(reply);
         let Outcome::Granted(token) = outcome else {
             // A bound connection is closed (dropped): a grant that comes late ends with it.
             if let Some(conn) = conn.filter(|_| !request.bind) {
-                self.inner.put_back(conn);
+                self.inner.put_back(conn, conn_id);
             }
             return Err(classify(&self.named(outcome), 1));
         };
@@ -398,7 +536,7 @@ impl AsyncLockClient {
         );
         let Some((replicas, timeout)) = min_replicas else {
             if let Some(conn) = conn {
-                self.inner.put_back(conn);
+                self.inner.put_back(conn, conn_id);
             }
             return Ok(guard);
         };
@@ -410,7 +548,7 @@ impl AsyncLockClient {
                 let bound = timeout.saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
                 let (conn, reply) = on_dedicated(conn, &wait, bound).await;
                 if let Some(conn) = conn {
-                    self.inner.put_back(conn);
+                    self.inner.put_back(conn, conn_id);
                 }
                 reply
             }
@@ -442,13 +580,14 @@ impl AsyncLockClient {
     }
 
     /// A new connection for one bound hold, named [`crate::BOUND_CLIENT_NAME`]; never pooled.
-    async fn bound_connection(&self) -> Result<Conn, Outcome> {
+    async fn bound_connection(&self) -> Result<(Conn, Option<i64>), Outcome> {
         let conn = self.inner.open(true).await.map_err(|e| unreachable(&e))?;
         let mut name = redis::cmd("CLIENT");
         name.arg("SETNAME").arg(crate::BOUND_CLIENT_NAME);
         let (conn, reply) = on_dedicated(conn, &name, self.inner.timeout + WAIT_REPLY_MARGIN).await;
         reply?;
-        conn.ok_or_else(|| Outcome::Unreachable("connection closed".into()))
+        let conn = conn.ok_or_else(|| Outcome::Unreachable("connection closed".into()))?;
+        Ok(self.inner.with_id(conn).await)
     }
 
     /// Exclusive lock now, or [`LockError::Held`].
@@ -604,7 +743,7 @@ impl GuardState {
             .map_or(WAIT_REPLY_MARGIN, |c| c.inner.timeout + WAIT_REPLY_MARGIN);
         match tokio::time::timeout(limit, conn.query(&cmd)).await {
             Ok(Ok(v)) => (vec![Ok(v)], false),
-            Ok(Err(e)) if !is_io(&e) => (vec![Err(Outcome::from_error_text(e.to_string()))], false),
+            Ok(Err(e)) if !is_io(&e) => (vec![Err(error_outcome(&e))], false),
             Ok(Err(e)) => {
                 *slot = None;
                 (vec![Err(unreachable(&e))], true)
@@ -1131,12 +1270,35 @@ impl AsyncRedlock {
             return invalid("min_replicas");
         }
         let owner = format!("{}{}", self.prefix, crate::info::random_hex());
-        let give_up = Instant::now() + request.wait.unwrap_or_default();
+        if self.clients.is_empty() {
+            return Err(LockError::Unreachable { causes: Vec::new() });
+        }
+        // If this future is dropped midway, whatever the servers granted is released.
+        let everywhere = self
+            .clients
+            .iter()
+            .map(|c| (Behind::Shared(c.clone()), c.inner.timeout))
+            .collect();
+        let cancel = ReleaseOnCancel::new(everywhere, key, &owner);
+        let result = self.attempts(key, &owner, &request).await;
+        cancel.disarm();
+        result
+    }
+
+    /// The attempts of [`AsyncRedlock::acquire`], until a guard, a refusal or the end of the
+    /// wait.
+    async fn attempts(
+        &self,
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+    ) -> Result<AsyncLockGuard, LockError> {
+        let give_up = crate::give_up_after(request.wait);
         let mut backoff = Duration::ZERO;
         let n = self.clients.len();
         loop {
             let started = Instant::now();
-            let cmd = request.command(key, &owner, None);
+            let cmd = request.command(key, owner, None);
             let outcomes: Vec<Outcome> = on_all(&self.clients, vec![Some(cmd); n])
                 .await
                 .into_iter()
@@ -1159,8 +1321,8 @@ impl AsyncRedlock {
                 if let Some(validity) = validity {
                     return Ok(self.guard(
                         key,
-                        &owner,
-                        &request,
+                        owner,
+                        request,
                         tokens,
                         started + elapsed + validity,
                     ));
@@ -1171,7 +1333,7 @@ impl AsyncRedlock {
                     .iter()
                     .any(|o| matches!(o, Outcome::Unreachable(_)))
             {
-                self.release(key, &owner).await;
+                self.release(key, owner).await;
             }
             let answered: Vec<bool> = outcomes
                 .iter()
@@ -1189,7 +1351,7 @@ impl AsyncRedlock {
             }
             if self.strategy == WaitStrategy::Queue {
                 match self
-                    .queue_once(key, &owner, &request, give_up, &answered, &mut backoff)
+                    .queue_once(key, owner, request, give_up, &answered, &mut backoff)
                     .await
                 {
                     Some(done) => return done,
@@ -1246,17 +1408,25 @@ impl AsyncRedlock {
         if slice < Duration::from_millis(1) {
             return None;
         }
-        let client = &self.clients[designated];
+        let client = self.clients.get(designated)?;
         // The grant may come at any moment of the slice, and the lease starts then: the
         // validity is counted from the slice's start, the earliest moment it can have started.
         let sent_at = Instant::now();
         let first = match client.inner.dedicated().await {
-            Ok(conn) => {
+            Ok((conn, id)) => {
                 let bound = slice.saturating_add(client.inner.timeout + WAIT_REPLY_MARGIN);
                 let cmd = request.command(key, owner, Some(slice));
+                // Cancelled during the wait: released behind it, on its connection.
+                let behind = Behind::Waiting {
+                    conn: conn.clone(),
+                    id,
+                    client: client.clone(),
+                };
+                let cancel = ReleaseOnCancel::new(vec![(behind, bound)], key, owner);
                 let (conn, reply) = on_dedicated(conn, &cmd, bound).await;
+                cancel.disarm();
                 if let Some(conn) = conn {
-                    client.inner.put_back(conn);
+                    client.inner.put_back(conn, id);
                 }
                 acquire_outcome(reply)
             }

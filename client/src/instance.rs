@@ -99,6 +99,18 @@ impl Outcome {
     }
 }
 
+/// The typed answer for an error reply as the `redis` crate returns it: read from its code and
+/// detail as the server sent them (`ERR the semaphore has another capacity ...`), since its
+/// `Display` puts a description first (`An error was signalled by the server - ResponseError:
+/// ...`), which hides the `ERR` code.
+pub(crate) fn error_outcome(e: &redis::RedisError) -> Outcome {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => Outcome::from_error_text(format!("{code} {detail}")),
+        (Some(code), None) => Outcome::from_error_text(code),
+        (None, _) => Outcome::from_error_text(e.to_string()),
+    }
+}
+
 /// Which pool a request draws its connection from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -263,7 +275,7 @@ impl Wire for Connection {
                 if is_io(&e) {
                     (Outcome::Unreachable(e.to_string()), false)
                 } else {
-                    (Outcome::from_error_text(e.to_string()), false)
+                    (error_outcome(&e), false)
                 }
             })
     }

@@ -346,7 +346,9 @@ impl Acquire {
         self
     }
 
-    /// Wait up to `wait` for the lock instead of failing at once.
+    /// Wait up to `wait` for the lock instead of failing at once. The server takes waits of up
+    /// to 2^47 ms (longer ones are refused); a [`Redlock`] counts a longer one (such as
+    /// `Duration::MAX`) as about a century.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -1000,7 +1002,7 @@ impl LockClient {
             if e.is_io_error() || e.is_timeout() {
                 Outcome::Unreachable(e.to_string())
             } else {
-                Outcome::from_error_text(e.to_string())
+                instance::error_outcome(&e)
             }
         }));
         let Outcome::Granted(token) = outcome else {
@@ -1194,6 +1196,16 @@ pub enum WaitStrategy {
     Poll,
 }
 
+/// When a Redlock acquire waiting `wait` gives up. A wait too long for the clock (such as
+/// `Duration::MAX`, for "as long as it takes") is cut to about a century rather than overflow
+/// (an `Instant` plus a huge `Duration` panics).
+pub(crate) fn give_up_after(wait: Option<Duration>) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    let wait = wait.unwrap_or_default().min(CENTURY);
+    now.checked_add(wait).unwrap_or(now)
+}
+
 /// The longest server-side wait of one [`WaitStrategy::Queue`] slice.
 pub(crate) const QUEUE_SLICE: Duration = Duration::from_secs(1);
 
@@ -1336,7 +1348,7 @@ impl Redlock {
             });
         }
         let same_owner = self.new_owner();
-        let give_up = Instant::now() + request.wait.unwrap_or_default();
+        let give_up = give_up_after(request.wait);
         let mut backoff = Duration::ZERO;
         let quorum = self.servers.quorum;
         // A bound request's connections, kept from one attempt to the next.
@@ -1628,6 +1640,30 @@ mod tests {
         assert_eq!(e.causes().len(), 1);
         assert!(e.to_string().contains("deadlock"), "{e}");
         assert!(e.to_string().contains("DEADLOCK x"), "{e}");
+    }
+
+    #[test]
+    fn the_redis_crates_errors_map_by_their_code_not_their_display() {
+        // How the `redis` crate hands over `-ERR the semaphore has another capacity ...`: its
+        // Display starts with a description, not with `ERR`.
+        let e = redis::RedisError::from((
+            redis::ErrorKind::ResponseError,
+            "An error was signalled by the server",
+            "the semaphore has another capacity (LOCK.INFO shows it)".to_string(),
+        ));
+        assert!(e.to_string().starts_with("An error"), "{e}");
+        assert!(matches!(
+            instance::error_outcome(&e),
+            Outcome::CapacityMismatch(_)
+        ));
+        let e = redis::RedisError::from((
+            redis::ErrorKind::ResponseError,
+            "An error was signalled by the server",
+            "ttl must be between 1 and 140737488355328 milliseconds".to_string(),
+        ));
+        assert!(
+            matches!(instance::error_outcome(&e), Outcome::Refused(t) if t.starts_with("ERR ttl"))
+        );
     }
 
     #[test]
