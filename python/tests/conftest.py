@@ -4,6 +4,7 @@ five for Redlock and a three-master cluster, started when a test first needs the
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Iterator, List
 
@@ -13,6 +14,17 @@ import redis
 sys.path.insert(0, os.path.dirname(__file__))
 
 import kit  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sigint_raises_keyboard_interrupt() -> Iterator[None]:
+    """The interrupt tests send SIGINT and expect KeyboardInterrupt. Python installs that
+    handler only when SIGINT is not ignored at start, and a shell ignores it for the jobs it
+    starts in the background (a CI runner may do so): install it here either way."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")
