@@ -437,6 +437,44 @@ pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64, f64) {
     (per_warm - per_blpop, per_cold - per_warm, per_blpop)
 }
 
+/// On a fresh server: `used_memory` per idle client connection, and how much more each costs
+/// once it waits in a lock queue (`n` clients queued on one held lock; the server's state for a
+/// module-blocked client included, on its first use, before any pooling).
+pub fn memory_per_connection_and_wait(server: &Server, n: usize) -> (f64, f64) {
+    let mut c = server.connect();
+    flush(&mut c);
+    let _: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("wq")
+        .arg("holder")
+        .arg(LONG_TTL)
+        .query(&mut c)
+        .expect("acquire");
+    let settle = || thread::sleep(Duration::from_millis(300));
+    settle();
+    let base = used_memory(&mut c);
+    let mut clients = RawClients::open(server, n);
+    settle();
+    let connected = used_memory(&mut c);
+    clients.send_each(|i| {
+        vec![
+            "LOCK.ACQUIRE".into(),
+            "wq".into(),
+            format!("owner-{i:05}"),
+            LONG_TTL.to_string(),
+            "WAIT".into(),
+            "0".into(),
+        ]
+    });
+    wait_for_waiting(&mut c, "wq", n);
+    settle();
+    let waiting = used_memory(&mut c);
+    drop(clients);
+    (
+        (connected - base) / n as f64,
+        (waiting - connected) / n as f64,
+    )
+}
+
 /// Module server time per acquire + release (µs) with `held` other locks held.
 pub fn cost_with_locks_held(server: &Server, lock: &dyn Lock, held: usize, pairs: usize) -> f64 {
     let mut c = server.connect();

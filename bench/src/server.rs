@@ -24,6 +24,11 @@ impl Server {
     /// Starts redis-server with the module on a free loopback port, pinned to `cpu` with
     /// taskset when given (and available).
     pub fn start(module: &Path, cpu: Option<usize>) -> Result<Server, String> {
+        Self::start_binary(module, cpu, "redis-server")
+    }
+
+    /// [`Server::start`] with another server binary (`valkey-server`).
+    pub fn start_binary(module: &Path, cpu: Option<usize>, binary: &str) -> Result<Server, String> {
         // Absolute: redis-server changes into --dir before it loads modules.
         let module = module.canonicalize().map_err(|e| {
             format!(
@@ -32,7 +37,7 @@ impl Server {
             )
         })?;
         ServerBuilder::new()
-            .binary("redis-server")
+            .binary(binary)
             .module(module)
             .cpu(cpu)
             .valgrind(false)
@@ -59,8 +64,11 @@ impl Server {
             .arg("server")
             .query(&mut c)
             .unwrap_or_default();
-        parse_info(&info)
-            .remove("redis_version")
+        // Valkey reports the Redis version it is compatible with too; its own comes first.
+        let mut fields = parse_info(&info);
+        fields
+            .remove("valkey_version")
+            .or_else(|| fields.remove("redis_version"))
             .unwrap_or_else(|| "?".to_string())
     }
 }
