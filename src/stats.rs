@@ -147,24 +147,6 @@ pub fn update_gauges(old: Gauges, new: Gauges) {
     });
 }
 
-/// The INFO figures, in the order SPEC.md names them, then the later ones.
-pub fn snapshot() -> [(&'static str, u64); 10] {
-    with_counters(|c| {
-        [
-            ("locks_held", c.locks_held.get()),
-            ("readers", c.readers.get()),
-            ("writers", c.writers.get()),
-            ("waiters", c.waiters.get()),
-            ("permits", c.permits.get()),
-            ("grants_total", c.grants.get()),
-            ("timeouts_total", c.timeouts.get()),
-            ("expirations_total", c.expirations.get()),
-            ("disconnects_total", c.disconnects.get()),
-            ("deadlocks_total", c.deadlocks.get()),
-        ]
-    })
-}
-
 /// The `INFO lock` section.
 pub struct InfoFields;
 
@@ -196,11 +178,19 @@ pub fn queue_figures(now: u64) -> (u64, u64) {
 
 impl InfoSource for InfoFields {
     fn fields(add: &mut dyn FnMut(&'static str, u64)) {
-        for (name, value) in snapshot() {
-            add(name, value);
-        }
         let (oldest, longest) = queue_figures(crate::sys::context::now_ms());
+        // The figures in the order SPEC.md names them, then the later ones.
         with_counters(|c| {
+            add("locks_held", c.locks_held.get());
+            add("readers", c.readers.get());
+            add("writers", c.writers.get());
+            add("waiters", c.waiters.get());
+            add("permits", c.permits.get());
+            add("grants_total", c.grants.get());
+            add("timeouts_total", c.timeouts.get());
+            add("expirations_total", c.expirations.get());
+            add("disconnects_total", c.disconnects.get());
+            add("deadlocks_total", c.deadlocks.get());
             add("handoffs_total", c.handoffs.get());
             add("reentries_total", c.reentries.get());
             add("releases_total", c.releases.get());
