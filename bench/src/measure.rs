@@ -377,6 +377,28 @@ pub(crate) fn wait_for_waiting(c: &mut Connection, key: &str, n: usize) {
     }
 }
 
+/// Takes `key` for the owner `holder` with a long lease, so clients queue behind it.
+fn hold(c: &mut Connection, key: &str) {
+    let _: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg("holder")
+        .arg(LONG_TTL)
+        .query(c)
+        .expect("acquire");
+}
+
+/// Client `i`'s request to wait on `key` for at most `wait` ms (0: no limit).
+fn waiter_words(key: &str, i: usize, wait: &str) -> Vec<String> {
+    vec![
+        "LOCK.ACQUIRE".into(),
+        key.into(),
+        format!("owner-{i:05}"),
+        LONG_TTL.to_string(),
+        "WAIT".into(),
+        wait.to_string(),
+    ]
+}
+
 /// Bytes per blocked waiter, in three parts: (the module's own data, Redis 7.0's two pooled
 /// temp clients per module-blocked client, what Redis spends on any connection blocked in a
 /// command). Baseline: `n` connections blocked in BLPOP. Then `n` waiters that time out (which
@@ -385,25 +407,9 @@ pub(crate) fn wait_for_waiting(c: &mut Connection, key: &str, n: usize) {
 pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64, f64) {
     let mut c = server.connect();
     flush(&mut c);
-    let _: i64 = redis::cmd("LOCK.ACQUIRE")
-        .arg("wm")
-        .arg("holder")
-        .arg(LONG_TTL)
-        .query(&mut c)
-        .expect("acquire");
+    hold(&mut c, "wm");
     let settle = || thread::sleep(Duration::from_millis(300));
-    let waiter_cmd = |wait: &'static str| {
-        move |i: usize| {
-            vec![
-                "LOCK.ACQUIRE".into(),
-                "wm".into(),
-                format!("owner-{i:05}"),
-                LONG_TTL.to_string(),
-                "WAIT".into(),
-                wait.to_string(),
-            ]
-        }
-    };
+    let waiter_cmd = |wait: &'static str| move |i: usize| waiter_words("wm", i, wait);
     settle();
     let base = used_memory(&mut c);
     let mut blpop = RawClients::open(server, n);
@@ -443,28 +449,14 @@ pub fn memory_per_waiter(server: &Server, n: usize) -> (f64, f64, f64) {
 pub fn memory_per_connection_and_wait(server: &Server, n: usize) -> (f64, f64) {
     let mut c = server.connect();
     flush(&mut c);
-    let _: i64 = redis::cmd("LOCK.ACQUIRE")
-        .arg("wq")
-        .arg("holder")
-        .arg(LONG_TTL)
-        .query(&mut c)
-        .expect("acquire");
+    hold(&mut c, "wq");
     let settle = || thread::sleep(Duration::from_millis(300));
     settle();
     let base = used_memory(&mut c);
     let mut clients = RawClients::open(server, n);
     settle();
     let connected = used_memory(&mut c);
-    clients.send_each(|i| {
-        vec![
-            "LOCK.ACQUIRE".into(),
-            "wq".into(),
-            format!("owner-{i:05}"),
-            LONG_TTL.to_string(),
-            "WAIT".into(),
-            "0".into(),
-        ]
-    });
+    clients.send_each(|i| waiter_words("wq", i, "0"));
     wait_for_waiting(&mut c, "wq", n);
     settle();
     let waiting = used_memory(&mut c);

@@ -7,31 +7,9 @@ use std::time::{Duration, Instant};
 
 use redis_lock_client::aio::AsyncLockClient;
 use redis_lock_client::{Acquire, LockError};
-use redis_lock_testkit::{
-    cluster_state_ok, create_cluster, follow_moved, wait_until, Server, Value, PATIENCE,
-};
+use redis_lock_testkit::{follow_moved, start_cluster, Server, Value, PATIENCE};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
-
-fn cluster() -> Vec<Server> {
-    let nodes: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::start_with(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "5000",
-            ])
-        })
-        .collect();
-    create_cluster(&nodes, 0).unwrap_or_else(|e| panic!("{e}"));
-    for n in &nodes {
-        wait_until("cluster ok", || cluster_state_ok(n.port));
-    }
-    nodes
-}
 
 /// One key per master: port -> key.
 fn key_per_master(nodes: &[Server]) -> HashMap<u16, String> {
@@ -75,7 +53,7 @@ fn holders_on(port: u16, key: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_on_every_master_and_waits_across_the_cluster() {
-    let nodes = cluster();
+    let nodes = start_cluster(3);
     let keys = key_per_master(&nodes);
     // Reached through one node only: the client learns the slot map from it.
     let client =
