@@ -165,7 +165,7 @@ pub fn roll_back_grant(ctx: &Context, db: i32, key: &[u8], owner: &[u8], token: 
     }
     let mut lock_key = LockKey::open(ctx, key);
     let still_holds = matches!(lock_key.existing(), Ok(Some(v))
-        if v.lock.holders().get(owner).is_some_and(|h| h.token == token));
+        if v.view().holders().get(owner).is_some_and(|h| h.token == token));
     if still_holds {
         lock_key.apply(|lock, step| lock.release(owner, false, step));
         stats::count_given_back();

@@ -34,9 +34,10 @@ impl TypeHandler for LockType {
     }
 
     fn rdb_save(rdb: &mut RdbWriter<'_>, value: &LockValue) {
-        rdb.unsigned(value.lock.fence());
-        rdb.unsigned(value.lock.holders().len() as u64);
-        for (owner, h) in value.lock.holders().iter() {
+        let lock = value.view();
+        rdb.unsigned(lock.fence());
+        rdb.unsigned(lock.holders().len() as u64);
+        for (owner, h) in lock.holders().iter() {
             rdb.bytes(owner);
             rdb.unsigned(mode_code(h.mode));
             rdb.unsigned(h.count);
@@ -53,11 +54,11 @@ impl TypeHandler for LockType {
             rdb.unsigned(options.lock_delay);
             rdb.unsigned(u64::from(h.capacity));
         }
-        rdb.unsigned(value.lock.delay_until());
+        rdb.unsigned(lock.delay_until());
     }
 
     fn aof_rewrite(aof: &mut AofWriter<'_>, key: &[u8], value: &LockValue) {
-        replication::rewrite(aof, key, &value.lock);
+        replication::rewrite(aof, key, &value.view());
     }
 
     /// Each holder (sorted by owner) with its mode, count, expiry and token, then the key's
@@ -82,7 +83,7 @@ impl TypeHandler for LockType {
 
     /// The same holders, no waiters (they wait on the source key), no timer.
     fn copy(value: &LockValue) -> LockValue {
-        let mut lock = value.lock.clone();
+        let mut lock = value.view().into_owned();
         drop(lock.take_waiters());
         LockValue::new(lock)
     }
@@ -155,6 +156,7 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
                     count,
                     expires_at,
                     token,
+                    granted_at: 0,
                     options: PackedOptions::new(options),
                 };
                 lock.check_restorable(&owner, &holder)
@@ -183,8 +185,8 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
 
 /// What DEBUG DIGEST covers (see [`LockType::digest`]).
 fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, Vec<u64>)> {
-    let mut items: Vec<(Vec<u8>, Vec<u64>)> = value
-        .lock
+    let lock = value.view();
+    let mut items: Vec<(Vec<u8>, Vec<u64>)> = lock
         .holders()
         .iter()
         .map(|(o, h)| {
@@ -204,9 +206,9 @@ fn digest_items(value: &LockValue) -> Vec<(Vec<u8>, Vec<u64>)> {
         })
         .collect();
     items.sort();
-    items.push((b"fence".to_vec(), vec![value.lock.fence(), 0, 0, 0]));
-    if value.lock.delay_until() != 0 {
-        items.push((b"delay".to_vec(), vec![value.lock.delay_until()]));
+    items.push((b"fence".to_vec(), vec![lock.fence(), 0, 0, 0]));
+    if lock.delay_until() != 0 {
+        items.push((b"delay".to_vec(), vec![lock.delay_until()]));
     }
     items
 }

@@ -39,7 +39,7 @@ pub fn closes_cycle_here(ctx: &Context, requester: &[u8], first: Vec<Blocker>) -
                 }
                 let mut lock_key = LockKey::open_read(ctx, key);
                 match lock_key.existing() {
-                    Ok(Some(value)) => Some(value.lock.wait_view()),
+                    Ok(Some(value)) => Some(value.view().wait_view()),
                     _ => None,
                 }
             });

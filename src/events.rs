@@ -72,7 +72,7 @@ fn orphan_bound_holds(ctx: &Context) {
         let Ok(Some(value)) = lock_key.existing() else {
             return;
         };
-        let conns = bound::connections(&value.lock);
+        let conns = bound::connections(&value.view());
         if !conns.is_empty() {
             bound::mark_gone(conns);
             settle::mark_dirty(db, key);

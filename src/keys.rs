@@ -109,9 +109,9 @@ impl<'a> LockKey<'a> {
     /// which must not expire or grant anything by this server's own decision.
     pub fn apply_exact(&mut self, op: impl FnOnce(&mut Lock)) {
         if let Some(value) = self.raw.value() {
-            let before = Gauges::of(&value.lock);
-            op(&mut value.lock);
-            self.commit(Vec::new(), before);
+            let before = value.gauges();
+            op(value.lock_mut());
+            self.commit(Vec::new(), before, None);
         }
     }
 
@@ -121,16 +121,37 @@ impl<'a> LockKey<'a> {
         let now = context::now_ms();
         let mut events = Vec::new();
         let value = self.raw.value()?;
-        let before = Gauges::of(&value.lock);
-        let r = stats::with_fences(|fences| {
-            let mut step = Step {
-                now,
-                fences,
-                events: &mut events,
-            };
-            op(&mut value.lock, &mut step)
-        });
-        self.commit(events, before);
+        let before = value.gauges();
+        let run = |lock: &mut Lock| {
+            stats::with_fences(|fences| {
+                let mut step = Step {
+                    now,
+                    fences,
+                    events: &mut events,
+                };
+                op(lock, &mut step)
+            })
+        };
+        // A vacant or compact value is worked on as a lock on the stack and stored back
+        // (memory per lock is a published figure, and this keeps the full form's allocation
+        // off the common path); only a lock that no longer fits becomes the full form.
+        let r = match value.unpack_small() {
+            Some(mut lock) => {
+                let r = run(&mut lock);
+                if value.store_small(&lock) {
+                    self.commit(events, before, Some(&lock));
+                } else {
+                    value.store(lock);
+                    self.commit(events, before, None);
+                }
+                r
+            }
+            None => {
+                let r = run(value.lock_mut());
+                self.commit(events, before, None);
+                r
+            }
+        };
         Some(r)
     }
 
@@ -142,7 +163,10 @@ impl<'a> LockKey<'a> {
     /// Finishes an operation: serves granted waiters, counts and notifies what happened,
     /// propagates every changed holder, then deletes the key if the lock is empty or updates its
     /// expiry and timer. `before` is the lock's INFO figures before the change.
-    fn commit(&mut self, events: Vec<Event>, before: Gauges) {
+    ///
+    /// `small` is the lock when it was worked on outside the value (which then already holds
+    /// it, vacant or compact); `None` reads it from the value.
+    fn commit(&mut self, events: Vec<Event>, before: Gauges, small: Option<&Lock>) {
         let mut changed: Vec<Box<[u8]>> = Vec::with_capacity(events.len());
         let mut delay_ended = false;
         let mut unbound: Vec<u64> = Vec::new();
@@ -173,20 +197,25 @@ impl<'a> LockKey<'a> {
                 Event::DelayEnded => delay_ended = true,
                 Event::BoundEnded { conn } => unbound.push(conn),
                 Event::Updated { owner } => changed.push(owner),
+                Event::HoldEnded { held_ms } => stats::count_hold_end(held_ms),
             }
         }
         let Some(value) = self.raw.value() else {
             return;
         };
+        let lock: &Lock = match small {
+            Some(lock) => lock,
+            None => value.lock_mut(),
+        };
         if self.replicate && !changed.is_empty() {
             changed.sort();
             changed.dedup();
             // Removals first, so a replica never sees a writer beside the readers it replaces.
-            changed.sort_by_key(|o| value.lock.holders().get(o).is_some());
+            changed.sort_by_key(|o| lock.holders().get(o).is_some());
             for owner in &changed {
-                let holder = value.lock.holders().get(owner);
+                let holder = lock.holders().get(owner);
                 let key = self.name.get().as_slice();
-                replication::replicate_owner(self.ctx, key, owner, holder, &value.lock);
+                replication::replicate_owner(self.ctx, key, owner, holder, lock);
                 // Applying a master's LOCK.SYNC (replicate off) indexes nothing: a replica
                 // never ends bound holds on its own.
                 if let Some(conn) = holder.and_then(|h| h.options.bound_to()) {
@@ -195,15 +224,15 @@ impl<'a> LockKey<'a> {
             }
         }
         if !unbound.is_empty() {
-            bound::forget_ended(&unbound, self.db, self.name.get().as_slice(), &value.lock);
+            bound::forget_ended(&unbound, self.db, self.name.get().as_slice(), lock);
         }
-        let after = Gauges::of(&value.lock);
+        let after = Gauges::of(lock);
         if before.waiters > 0 || after.waiters > 0 {
             let key = self.name.get().as_slice();
-            contention::update(self.db, key, &value.lock, before.waiters > 0, &changed);
+            contention::update(self.db, key, lock, before.waiters > 0, &changed);
         }
         stats::update_gauges(before, after);
-        if value.lock.is_empty() {
+        if lock.is_empty() {
             // A lock-delay that ran out with nobody to serve left a key that no LOCK.SYNC
             // removes: replicas delete it on the master's word, like any expired key.
             if delay_ended && self.replicate {
@@ -212,8 +241,11 @@ impl<'a> LockKey<'a> {
             self.raw.delete();
             return;
         }
-        let last: Option<Millis> = value.lock.last_expiry();
+        let last: Option<Millis> = lock.last_expiry();
         timers::arm(self.ctx, self.db, self.name.get().as_slice(), value);
+        // Back to the compact form when the lock is one plain holder again (after the timer
+        // is settled: a value with a timer stays full).
+        value.pack();
         if let Some(at) = last {
             self.raw.set_abs_expire(at);
         }

@@ -49,26 +49,29 @@ pub fn schedule() {
 /// A lock value is leaving its key. Its waiters are taken out (they wait on the key name, and
 /// the registry remembers them); if every holder had expired, this is that expiry.
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
-    if !value.lock.queue().is_empty() {
+    let had_waiters = value.waiters() > 0;
+    if had_waiters {
         contention::forget(db, key);
+        let before = value.gauges();
+        drop(value.lock_mut().take_waiters());
+        stats::update_gauges(before, value.gauges());
     }
-    if !value.lock.holders().is_empty() {
-        for conn in bound::connections(&value.lock) {
-            bound::forget(conn, db, key);
-        }
+    let lock = value.view();
+    for conn in bound::connections(&lock) {
+        bound::forget(conn, db, key);
     }
-    let had_waiters = !value.lock.queue().is_empty();
-    let before = crate::stats::Gauges::of(&value.lock);
-    drop(value.lock.take_waiters());
-    let holders = value.lock.holders().len() as u64;
-    let all_expired = value
-        .lock
-        .last_expiry()
-        .is_some_and(|t| t <= context::now_ms());
+    let holders = lock.holders().len() as u64;
+    let all_expired = lock.last_expiry().is_some_and(|t| t <= context::now_ms());
     if holders > 0 && all_expired {
+        // Redis expired the key: its holds ended at their expiries (counted as expirations
+        // when the key is settled; their hold times are known now).
+        for (_, h) in lock.holders().iter() {
+            if h.granted_at != 0 {
+                stats::count_hold_end(h.expires_at.saturating_sub(h.granted_at));
+            }
+        }
         state::with_expired(|e| e.push(((db, key.into()), holders)));
     }
-    stats::update_gauges(before, crate::stats::Gauges::of(&value.lock));
     if had_waiters || (holders > 0 && all_expired) {
         mark_dirty(db, key);
     }

@@ -215,6 +215,12 @@ impl Registry {
 /// counts only in the total (`+Inf`).
 pub const WAIT_BUCKETS_MS: [u64; 10] = [1, 5, 10, 50, 100, 500, 1_000, 5_000, 10_000, 60_000];
 
+/// Upper bounds (ms, inclusive) of the hold-time histogram's buckets: the wait buckets, then 5
+/// minutes and an hour, since leases kept alive by a watchdog run long.
+pub const HOLD_BUCKETS_MS: [u64; 12] = [
+    1, 5, 10, 50, 100, 500, 1_000, 5_000, 10_000, 60_000, 300_000, 3_600_000,
+];
+
 /// The running totals and current-value figures of `INFO lock`.
 pub struct Counters {
     pub grants: Cell<u64>,
@@ -240,6 +246,11 @@ pub struct Counters {
     /// counted once, in the first bucket it fits), then the sum.
     pub wait_buckets: [Cell<u64>; WAIT_BUCKETS_MS.len()],
     pub wait_sum_ms: Cell<u64>,
+    /// How long holds lasted (ms) when they ended by release, expiry or disconnect: count per
+    /// bucket of `HOLD_BUCKETS_MS`, then the number of holds sampled and the sum.
+    pub hold_buckets: [Cell<u64>; HOLD_BUCKETS_MS.len()],
+    pub holds_ended: Cell<u64>,
+    pub hold_sum_ms: Cell<u64>,
     pub locks_held: Cell<u64>,
     pub readers: Cell<u64>,
     pub writers: Cell<u64>,
@@ -263,6 +274,9 @@ impl Counters {
             given_back: Cell::new(0),
             wait_buckets: [const { Cell::new(0) }; WAIT_BUCKETS_MS.len()],
             wait_sum_ms: Cell::new(0),
+            hold_buckets: [const { Cell::new(0) }; HOLD_BUCKETS_MS.len()],
+            holds_ended: Cell::new(0),
+            hold_sum_ms: Cell::new(0),
             locks_held: Cell::new(0),
             readers: Cell::new(0),
             writers: Cell::new(0),

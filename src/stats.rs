@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use redis_lock_core::{Lock, Mode};
 
-use crate::state::{with_counters, with_waiters, WAIT_BUCKETS_MS};
+use crate::state::{with_counters, with_waiters, HOLD_BUCKETS_MS, WAIT_BUCKETS_MS};
 use crate::sys::info::InfoSource;
 
 pub use crate::state::with_fences;
@@ -129,6 +129,20 @@ pub fn count_handoff(waited_ms: u64) {
     });
 }
 
+/// A hold ended (released, expired or disconnected) after `held_ms`: a sample of the hold-time
+/// histogram.
+pub fn count_hold_end(held_ms: u64) {
+    with_counters(|c| {
+        bump(&c.holds_ended, 1);
+        bump(&c.hold_sum_ms, held_ms);
+        if let Some(i) = HOLD_BUCKETS_MS.iter().position(|le| held_ms <= *le) {
+            if let Some(bucket) = c.hold_buckets.get(i) {
+                bump(bucket, 1);
+            }
+        }
+    });
+}
+
 pub fn count_expirations(n: u64) {
     with_counters(|c| bump(&c.expirations, n));
 }
@@ -162,6 +176,22 @@ const WAIT_BUCKET_NAMES: [&str; WAIT_BUCKETS_MS.len()] = [
     "wait_ms_le_5000",
     "wait_ms_le_10000",
     "wait_ms_le_60000",
+];
+
+/// The hold-time histogram's field names, in `HOLD_BUCKETS_MS` order.
+const HOLD_BUCKET_NAMES: [&str; HOLD_BUCKETS_MS.len()] = [
+    "hold_ms_le_1",
+    "hold_ms_le_5",
+    "hold_ms_le_10",
+    "hold_ms_le_50",
+    "hold_ms_le_100",
+    "hold_ms_le_500",
+    "hold_ms_le_1000",
+    "hold_ms_le_5000",
+    "hold_ms_le_10000",
+    "hold_ms_le_60000",
+    "hold_ms_le_300000",
+    "hold_ms_le_3600000",
 ];
 
 /// The age (ms) of the longest-waiting queued client, and the longest queue of any key:
@@ -208,6 +238,13 @@ impl InfoSource for InfoFields {
             }
             add("wait_ms_count", c.handoffs.get());
             add("wait_ms_sum", c.wait_sum_ms.get());
+            let mut cumulative = 0u64;
+            for (name, bucket) in HOLD_BUCKET_NAMES.iter().zip(c.hold_buckets.iter()) {
+                cumulative = cumulative.saturating_add(bucket.get());
+                add(name, cumulative);
+            }
+            add("hold_ms_count", c.holds_ended.get());
+            add("hold_ms_sum", c.hold_sum_ms.get());
         });
     }
 }

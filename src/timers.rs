@@ -40,15 +40,17 @@ struct Target {
 
 /// Makes sure `value`, stored at (`db`, `key`), has a timer for its earliest expiry.
 pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
-    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+    // A compact value is a lone plain holder with nobody waiting: no timer (see above).
+    if value.is_small() || ctx.get_flags().contains(ContextFlags::SLAVE) {
         return;
     }
     // A lone exclusive holder with LOCKDELAY also needs one: its key lives until the end of
     // the delay, but the hold itself ends (and is counted and notified) at its expiry.
-    let needs_timer = !value.lock.queue().is_empty()
-        || value.lock.holders().len() > 1
-        || value.lock.next_expiry() != value.lock.last_expiry();
-    let due = match value.lock.next_expiry() {
+    let lock = value.lock_mut();
+    let needs_timer = !lock.queue().is_empty()
+        || lock.holders().len() > 1
+        || lock.next_expiry() != lock.last_expiry();
+    let due = match lock.next_expiry() {
         Some(due) if needs_timer => due,
         _ => {
             stop(ctx, value);
@@ -56,7 +58,7 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
         }
     };
     let hash = key_hash(key);
-    if let Some(t) = &value.timer {
+    if let Some(t) = value.timer() {
         if t.at <= due && t.db == db && t.key_hash == hash {
             return;
         }
@@ -69,16 +71,16 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
         at: due,
     };
     let id = ctx.create_timer(Duration::from_millis(delay), fire, target);
-    value.timer = Some(Box::new(ArmedTimer {
+    value.set_timer(ArmedTimer {
         id,
         at: due,
         db,
         key_hash: hash,
-    }));
+    });
 }
 
 fn stop(ctx: &Context, value: &mut LockValue) {
-    if let Some(t) = value.timer.take() {
+    if let Some(t) = value.take_timer() {
         // The timer may already have fired (it is then gone); either way it is ours no more.
         let _ = ctx.stop_timer::<Target>(t.id);
     }
@@ -96,14 +98,14 @@ fn fire(ctx: &Context, target: Target) {
         };
         // Only the value's own live timer may act; a stale one (the value was replaced, or
         // re-armed earlier) does nothing.
-        match &value.timer {
+        match value.timer() {
             Some(t)
                 if t.at == target.at
                     && t.db == target.db
                     && t.key_hash == key_hash(&target.key) => {}
             _ => return,
         }
-        value.timer = None;
+        value.take_timer();
         key.apply(|lock, step| lock.settle(step));
     });
 }

@@ -23,6 +23,10 @@ pub struct Holder {
     pub expires_at: Millis,
     /// Fencing token handed out when this hold began.
     pub token: u64,
+    /// When this hold began (absolute ms), for the hold-time figures; 0 when unknown (a hold
+    /// restored from an RDB file or a master's stream, whose start this server never saw).
+    /// A re-entry or an extend does not change it.
+    pub granted_at: Millis,
     /// BIND and LOCKDELAY, as the hold was created with them.
     pub options: PackedOptions,
 }
@@ -71,6 +75,51 @@ impl PackedOptions {
     }
 }
 
+/// The owner of a lone holder: inline when short (most owners are a 32-character hex UUID or
+/// shorter), so a lock with one holder allocates nothing for its owner.
+#[derive(Clone, Debug)]
+enum OwnerBytes {
+    Inline { len: u8, bytes: [u8; INLINE_OWNER] },
+    Heap(Box<[u8]>),
+}
+
+/// The longest owner [`OwnerBytes`] keeps inline.
+const INLINE_OWNER: usize = 32;
+
+impl OwnerBytes {
+    fn new(owner: &[u8]) -> Self {
+        let mut bytes = [0; INLINE_OWNER];
+        match (u8::try_from(owner.len()), bytes.get_mut(..owner.len())) {
+            (Ok(len), Some(inline)) => {
+                inline.copy_from_slice(owner);
+                OwnerBytes::Inline { len, bytes }
+            }
+            _ => OwnerBytes::Heap(owner.into()),
+        }
+    }
+
+    fn get(&self) -> &[u8] {
+        match self {
+            OwnerBytes::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
+            OwnerBytes::Heap(b) => b,
+        }
+    }
+
+    fn into_box(self) -> Box<[u8]> {
+        match self {
+            OwnerBytes::Inline { .. } => self.get().into(),
+            OwnerBytes::Heap(b) => b,
+        }
+    }
+
+    fn heap_size(&self) -> usize {
+        match self {
+            OwnerBytes::Inline { .. } => 0,
+            OwnerBytes::Heap(b) => b.len(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Indexed {
     by_owner: HashMap<Box<[u8]>, Holder>,
@@ -87,7 +136,7 @@ enum Repr {
     /// lock-delay of an exclusive hold that ended without a release. Kept here, in the space
     /// the one-holder case needs anyway, because a delay only exists while there is no holder.
     Delayed(Millis),
-    One(Box<[u8]>, Holder),
+    One(OwnerBytes, Holder),
     Many(Box<Indexed>),
 }
 
@@ -139,7 +188,7 @@ impl HolderSet {
     pub fn get(&self, owner: &[u8]) -> Option<&Holder> {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
-            Repr::One(o, h) => (**o == *owner).then_some(h),
+            Repr::One(o, h) => (o.get() == owner).then_some(h),
             Repr::Many(m) => m.by_owner.get(owner),
         }
     }
@@ -165,7 +214,7 @@ impl HolderSet {
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&[u8], &Holder)> + '_> {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => Box::new(std::iter::empty()),
-            Repr::One(o, h) => Box::new(std::iter::once((&**o, h))),
+            Repr::One(o, h) => Box::new(std::iter::once((o.get(), h))),
             Repr::Many(m) => Box::new(m.by_owner.iter().map(|(o, h)| (&**o, h))),
         }
     }
@@ -174,12 +223,13 @@ impl HolderSet {
     /// nothing yet.
     pub fn insert(&mut self, owner: &[u8], holder: Holder) {
         match std::mem::take(&mut self.repr) {
-            Repr::Empty | Repr::Delayed(_) => self.repr = Repr::One(owner.into(), holder),
+            Repr::Empty | Repr::Delayed(_) => self.repr = Repr::One(OwnerBytes::new(owner), holder),
             Repr::One(o, h) => {
                 let mut m = Indexed {
                     total: h.count.saturating_add(holder.count),
                     ..Indexed::default()
                 };
+                let o = o.into_box();
                 m.by_expiry.insert((h.expires_at, o.clone()));
                 m.by_owner.insert(o, h);
                 m.by_expiry.insert((holder.expires_at, owner.into()));
@@ -204,7 +254,7 @@ impl HolderSet {
                 None
             }
             Repr::One(o, h) => {
-                if *o == *owner {
+                if o.get() == owner {
                     Some(h)
                 } else {
                     self.repr = Repr::One(o, h);
@@ -230,7 +280,7 @@ impl HolderSet {
             1 => {
                 let Indexed { by_owner, .. } = *m;
                 match by_owner.into_iter().next() {
-                    Some((o, h)) => Repr::One(o, h),
+                    Some((o, h)) => Repr::One(OwnerBytes::new(&o), h),
                     None => Repr::Empty,
                 }
             }
@@ -244,7 +294,7 @@ impl HolderSet {
         match &mut self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(o, h) => {
-                if **o != *owner {
+                if o.get() != owner {
                     return None;
                 }
                 h.count = count;
@@ -264,6 +314,14 @@ impl HolderSet {
                 holder.expires_at = expires_at;
                 Some(holder)
             }
+        }
+    }
+
+    /// The only holder, when there is exactly one.
+    pub fn only(&self) -> Option<(&[u8], &Holder)> {
+        match &self.repr {
+            Repr::One(o, h) => Some((o.get(), h)),
+            _ => None,
         }
     }
 
@@ -302,7 +360,7 @@ impl HolderSet {
         }
         match std::mem::take(&mut self.repr) {
             Repr::Empty | Repr::Delayed(_) => None,
-            Repr::One(o, h) => Some((o, h)),
+            Repr::One(o, h) => Some((o.into_box(), h)),
             Repr::Many(mut m) => {
                 let popped = m
                     .by_expiry
@@ -328,7 +386,7 @@ impl HolderSet {
         };
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => 0,
-            Repr::One(o, h) => o.len() + options(h),
+            Repr::One(o, h) => o.heap_size() + options(h),
             Repr::Many(m) => {
                 let per_entry = std::mem::size_of::<(Box<[u8]>, Holder)>() + 1;
                 let per_index = std::mem::size_of::<(Millis, Box<[u8]>)>();

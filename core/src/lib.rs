@@ -188,6 +188,10 @@ pub enum Event {
     /// The operation itself created, changed or ended `owner`'s hold (a direct grant, a
     /// re-entry, a release, an extend): its new state must reach replicas.
     Updated { owner: Box<[u8]> },
+    /// A hold ended (released to a count of 0, expired, or its connection closed) after
+    /// `held_ms` ms: from its grant to the release or disconnect, or to its expiry. Not
+    /// reported for holds whose start is unknown (restored ones; see [`Holder::granted_at`]).
+    HoldEnded { held_ms: Millis },
 }
 
 /// The context of one operation: the time, the fencing counter, and where events go.
@@ -262,6 +266,15 @@ pub fn check_holder(owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
     Ok(())
 }
 
+/// Reports how long `holder` was held, ending at `end` (when its start is known).
+fn note_hold_end(holder: &Holder, end: Millis, step: &mut Step<'_>) {
+    if holder.granted_at != 0 {
+        step.events.push(Event::HoldEnded {
+            held_ms: end.saturating_sub(holder.granted_at),
+        });
+    }
+}
+
 /// Reports the end of `holder` if it was bound to a connection.
 fn note_bound_end(holder: &Holder, step: &mut Step<'_>) {
     if let Some(conn) = holder.options.bound_to() {
@@ -302,6 +315,26 @@ impl Lock {
     /// The last fencing token granted on this lock.
     pub fn fence(&self) -> u64 {
         self.fence
+    }
+
+    /// The lock's one holder when that holder is all there is to it: nobody waits, the hold
+    /// has no options, and its token is the last one granted on the lock. Such a lock is
+    /// rebuilt exactly by [`Lock::from_single`], so it can be stored as just this holder.
+    pub fn single(&self) -> Option<(&[u8], &Holder)> {
+        let (owner, holder) = self.holders.only()?;
+        (self.queue.is_empty() && holder.options.is_none() && holder.token == self.fence)
+            .then_some((owner, holder))
+    }
+
+    /// The lock that [`Lock::single`] describes: `holder` held by `owner`, nobody waiting, the
+    /// fence at the holder's token.
+    pub fn from_single(owner: &[u8], holder: Holder) -> Lock {
+        let mut lock = Lock {
+            fence: holder.token,
+            ..Lock::default()
+        };
+        lock.holders.insert(owner, holder);
+        lock
     }
 
     /// True when nobody holds the lock, nobody waits and no lock-delay is pending: the key
@@ -535,6 +568,7 @@ impl Lock {
         });
         if remaining == 0 {
             if let Some(holder) = self.holders.remove(owner) {
+                note_hold_end(&holder, step.now, step);
                 note_bound_end(&holder, step);
             }
             self.grant_waiters(step);
@@ -572,6 +606,7 @@ impl Lock {
             let delay = holder.options.get().lock_delay;
             let mode = holder.mode;
             step.events.push(Event::Expired { owner, mode });
+            note_hold_end(&holder, holder.expires_at, step);
             note_bound_end(&holder, step);
             if mode == Mode::Write && delay > 0 {
                 self.start_delay(holder.expires_at.saturating_add(delay), step);
@@ -619,6 +654,7 @@ impl Lock {
                 owner: owner.clone(),
                 mode: holder.mode,
             });
+            note_hold_end(&holder, step.now, step);
             note_bound_end(&holder, step);
             if holder.mode == Mode::Write && delay > 0 {
                 self.start_delay(step.now.saturating_add(delay), step);
@@ -817,6 +853,7 @@ impl Lock {
                 count: 1,
                 expires_at: step.now.saturating_add(ttl),
                 token,
+                granted_at: step.now,
                 options: PackedOptions::new(options),
             },
         );

@@ -914,7 +914,7 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
                     pending = 0;
                     reported.push(MEvent::DelayEnded);
                 }
-                Event::Updated { .. } | Event::BoundEnded { .. } => {}
+                Event::Updated { .. } | Event::BoundEnded { .. } | Event::HoldEnded { .. } => {}
             }
         }
         if let Some((owner, token, count, options)) = direct {

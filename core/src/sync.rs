@@ -261,6 +261,7 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
         count,
         expires_at,
         token,
+        granted_at: 0,
         options: PackedOptions::new(options),
     });
     // The same rules as an RDB load: a holder with a token that was never issued is refused.
@@ -299,7 +300,8 @@ mod tests {
         let state = sync_state(Some(&h), lock.fence(), 7, 0);
         let sync = parse_sync(&[b"me", state.as_bytes()]).unwrap();
         assert_eq!(sync.owner, b"me");
-        assert_eq!(sync.holder, Some(h));
+        // The grant time is this server's own figure: it does not travel.
+        assert_eq!(sync.holder, Some(Holder { granted_at: 0, ..h }));
         assert_eq!((sync.fence, sync.counter), (1, 7));
         let gone = sync_state(None, 1, 7, 0);
         assert_eq!(
@@ -317,6 +319,7 @@ mod tests {
                 count: 1,
                 expires_at: u64::MAX,
                 token: v.max(1),
+                granted_at: 0,
                 options: PackedOptions::default(),
             };
             let state = sync_state(Some(&h), v, v, 0);
@@ -338,6 +341,7 @@ mod tests {
                 count: 2,
                 expires_at: 1_795_440_190_000,
                 token: 12,
+                granted_at: 0,
                 options: PackedOptions::default(),
             })
         );
@@ -354,6 +358,7 @@ mod tests {
             count: 1,
             expires_at: 10,
             token,
+            granted_at: 0,
             options: PackedOptions::default(),
         };
         let good = sync_state(Some(&holder(1)), 1, 3, 0);
@@ -405,6 +410,7 @@ mod tests {
             count: 3,
             expires_at: 5_000,
             token: 9,
+            granted_at: 0,
             options: PackedOptions::new(HoldOptions {
                 bound_to: Some(0),
                 lock_delay: MAX_DURATION,
@@ -450,6 +456,7 @@ mod tests {
             count: 2,
             expires_at: 5_000,
             token: 9,
+            granted_at: 0,
             options: PackedOptions::default(),
         };
         let state = sync_state(Some(&permit), 9, 11, 0);
@@ -468,6 +475,7 @@ mod tests {
             count: 1,
             expires_at: 5_000,
             token: 9,
+            granted_at: 0,
             options: PackedOptions::default(),
         };
         let state = sync_state(Some(&zero), 9, 11, 0);

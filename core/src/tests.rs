@@ -49,7 +49,12 @@ impl Bench {
     fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
             .into_iter()
-            .filter(|e| !matches!(e, Event::Updated { .. } | Event::BoundEnded { .. }))
+            .filter(|e| {
+                !matches!(
+                    e,
+                    Event::Updated { .. } | Event::BoundEnded { .. } | Event::HoldEnded { .. }
+                )
+            })
             .collect()
     }
 
@@ -434,6 +439,7 @@ fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
         count,
         expires_at: 10_000,
         token,
+        granted_at: 0,
         options: Default::default(),
     };
     let mut fences = FenceCounter::default();
@@ -913,6 +919,7 @@ fn a_restored_permit_must_fit_the_semaphore() {
         count,
         expires_at: 10_000,
         token,
+        granted_at: 0,
         options: Default::default(),
     };
     let mut fences = FenceCounter::default();
@@ -942,6 +949,7 @@ fn a_restored_permit_must_fit_the_semaphore() {
         count: 1,
         expires_at: 10_000,
         token: 5,
+        granted_at: 0,
         options: Default::default(),
     };
     assert_eq!(
@@ -999,4 +1007,117 @@ fn requeued_waiters_of_another_kind_or_capacity_are_refused() {
         "never beyond the capacity"
     );
     assert_eq!(s.lock.queue().len(), 1);
+}
+
+#[test]
+fn a_hold_that_ends_reports_how_long_it_was_held() {
+    let mut lock = Lock::new();
+    let mut fences = FenceCounter::default();
+    let mut events = Vec::new();
+    let held = |events: &mut Vec<Event>| -> Vec<Millis> {
+        events
+            .drain(..)
+            .filter_map(|e| match e {
+                Event::HoldEnded { held_ms } => Some(held_ms),
+                _ => None,
+            })
+            .collect()
+    };
+    macro_rules! at {
+        ($now:expr) => {
+            &mut Step {
+                now: $now,
+                fences: &mut fences,
+                events: &mut events,
+            }
+        };
+    }
+    // Released: from the grant to the release; a re-entry and an extend change nothing.
+    lock.acquire(b"a", Mode::Write, 1_000, None, at!(100));
+    lock.acquire(b"a", Mode::Write, 1_000, None, at!(150));
+    lock.extend(b"a", 1_000, at!(200)).unwrap();
+    lock.release(b"a", false, at!(250)).unwrap();
+    assert_eq!(held(&mut events), Vec::<Millis>::new(), "still held once");
+    lock.release(b"a", false, at!(340)).unwrap();
+    assert_eq!(held(&mut events), vec![240]);
+    // Expired: from the grant to its expiry, however late the expiry is noticed; the waiter
+    // it hands over to starts its own hold at the hand-over.
+    lock.acquire(b"b", Mode::Write, 50, None, at!(1_000));
+    lock.acquire(b"c", Mode::Write, 500, Some(WaiterId(1)), at!(1_010));
+    lock.settle(at!(1_200));
+    assert_eq!(held(&mut events), vec![50]);
+    lock.release(b"c", true, at!(1_230)).unwrap();
+    assert_eq!(held(&mut events), vec![30]);
+    // Disconnected: from the grant to the close.
+    let bound = Request {
+        owner: b"d",
+        mode: Mode::Read,
+        ttl: 10_000,
+        options: HoldOptions {
+            bound_to: Some(9),
+            lock_delay: 0,
+        },
+        capacity: 0,
+    };
+    lock.request(bound, None, at!(2_000));
+    lock.end_bound(|c| c == 9, at!(2_075));
+    assert_eq!(held(&mut events), vec![75]);
+    // A restored hold (its start unknown) reports nothing when it ends.
+    let restored = Holder {
+        mode: Mode::Write,
+        capacity: 0,
+        count: 1,
+        expires_at: 9_000,
+        token: 99,
+        granted_at: 0,
+        options: PackedOptions::NONE,
+    };
+    lock.restore_holder(b"e", restored, &mut fences);
+    lock.release(b"e", true, at!(3_000)).unwrap();
+    assert_eq!(held(&mut events), Vec::<Millis>::new());
+}
+
+#[test]
+fn a_single_plain_holder_round_trips_through_from_single() {
+    let mut lock = Lock::new();
+    let mut fences = FenceCounter::default();
+    let mut events = Vec::new();
+    let mut step = Step {
+        now: 500,
+        fences: &mut fences,
+        events: &mut events,
+    };
+    assert!(lock.single().is_none(), "nobody holds it");
+    lock.acquire(b"a", Mode::Write, 1_000, None, &mut step);
+    lock.acquire(b"a", Mode::Read, 2_000, None, &mut step);
+    let (owner, holder) = lock.single().expect("one plain holder");
+    let rebuilt = Lock::from_single(owner, holder.clone());
+    assert_eq!(rebuilt.single(), lock.single());
+    assert_eq!(rebuilt.fence(), lock.fence());
+    assert_eq!(rebuilt.last_expiry(), lock.last_expiry());
+    // A waiter, a second reader, or a fence above the holder's token: more than one holder.
+    lock.acquire(b"b", Mode::Write, 1_000, Some(WaiterId(1)), &mut step);
+    assert!(lock.single().is_none(), "someone waits");
+    let mut readers = Lock::new();
+    readers.acquire(b"r1", Mode::Read, 1_000, None, &mut step);
+    readers.acquire(b"r2", Mode::Read, 1_000, None, &mut step);
+    assert!(readers.single().is_none(), "two readers");
+    readers.release(b"r2", true, &mut step).unwrap();
+    assert!(
+        readers.single().is_none(),
+        "r1's token is below the fence r2 raised"
+    );
+    let mut delayed = Lock::new();
+    let with_delay = Request {
+        owner: b"w",
+        mode: Mode::Write,
+        ttl: 1_000,
+        options: HoldOptions {
+            bound_to: None,
+            lock_delay: 100,
+        },
+        capacity: 0,
+    };
+    delayed.request(with_delay, None, &mut step);
+    assert!(delayed.single().is_none(), "options");
 }

@@ -93,7 +93,7 @@ fn request(
     let may_block =
         !flags.intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
     let mut lock_key = LockKey::open_arg(ctx, key_arg);
-    let queued_here = lock_key.existing_or_new()?.lock.queue().len();
+    let queued_here = lock_key.existing_or_new()?.waiters();
     let queue_full = if queued_here >= crate::config::max_waiters() {
         Some(QUEUE_FULL)
     } else if waiters::count() >= crate::config::max_total_waiters() {
@@ -114,7 +114,7 @@ fn request(
     // A requester that holds no key anyone waits for cannot close a cycle: no walk.
     if detect && outcome == Acquired::Busy && contention::holds_contended(req.owner) {
         let blockers = match lock_key.existing()? {
-            Some(value) => value.lock.blockers(req.owner, mode, None),
+            Some(value) => value.view().blockers(req.owner, mode, None),
             None => Vec::new(),
         };
         if deadlock::closes_cycle_here(ctx, req.owner, blockers) {

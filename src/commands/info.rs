@@ -26,7 +26,7 @@ impl Command for Info {
             return Ok(RedisValue::Null);
         };
         let now = context::now_ms();
-        let lock = &value.lock;
+        let lock = value.view();
         // Holders whose expiry has passed are gone even if the timer has not run yet.
         let mut holders: Vec<_> = lock
             .holders()

@@ -43,7 +43,7 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
         }
         (Some(h), Some(value)) => {
             // As strict as an RDB load: never a writer beside another holder.
-            if value.lock.check_restorable(sync.owner, h).is_err() {
+            if value.view().check_restorable(sync.owner, h).is_err() {
                 return Err(RedisError::Str(SYNC_CONFLICT));
             }
         }
