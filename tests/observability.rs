@@ -432,3 +432,138 @@ fn a_grant_whose_waiter_closes_before_the_reply_is_given_back_and_counted() {
         "the grant itself was made"
     );
 }
+
+/// The hold-time histogram: one sample per hold that ends by release, expiry (the module's
+/// timer or Redis's own key expiry) or disconnect, none for a hold restored from an RDB file.
+/// An expired hold counts exactly its TTL, so those samples are known to the millisecond.
+#[test]
+fn info_hold_times_cover_releases_expiries_and_disconnects() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut c = server.client();
+    let figures = |c: &mut Connection| {
+        (
+            info_field(c, "hold_ms_count"),
+            info_field(c, "hold_ms_sum"),
+            info_field(c, "hold_ms_le_50"),
+            info_field(c, "hold_ms_le_100"),
+        )
+    };
+    assert_eq!(figures(&mut c), (0, 0, 0, 0));
+    // Released after at least 120 ms, with a re-entry and an extend on the way.
+    int(&mut c, &["LOCK.ACQUIRE", "released", "h", LONG]);
+    int(&mut c, &["LOCK.ACQUIRE", "released", "h", LONG]);
+    thread::sleep(Duration::from_millis(120));
+    int(&mut c, &["LOCK.EXTEND", "released", "h", LONG]);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "released", "h"]), 1);
+    assert_eq!(figures(&mut c).0, 0, "still held once");
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "released", "h"]), 0);
+    let (count, sum, le50, le100) = figures(&mut c);
+    assert_eq!((count, le50, le100), (1, 0, 0));
+    assert!(sum >= 120, "{sum}");
+
+    // Expired with a waiter (the module's timer drops it and hands over): exactly 200 ms.
+    int(&mut c, &["LOCK.ACQUIRE", "timed", "e", "200"]);
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "timed", "w", LONG, "WAIT", "0"],
+        1,
+    );
+    waiter.token();
+    let after_expiry = figures(&mut c);
+    assert_eq!(after_expiry, (2, sum + 200, 0, 0));
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "timed", "w"]), 0);
+    let (count, sum, le50, le100) = figures(&mut c);
+    assert_eq!(count, 3);
+
+    // Expired alone (Redis removes the key; a compact value): exactly 100 ms.
+    int(&mut c, &["LOCK.ACQUIRE", "alone", "x", "100"]);
+    wait_until("the key expired", || {
+        thread::sleep(Duration::from_millis(20));
+        int(&mut c, &["EXISTS", "alone"]) == 0
+    });
+    assert_eq!(figures(&mut c), (4, sum + 100, le50, le100 + 1));
+    let sum = sum + 100;
+
+    // A bound hold whose connection closes after at least 80 ms.
+    {
+        let mut holder = server.client();
+        int(&mut holder, &["LOCK.ACQUIRE", "bound", "b", LONG, "BIND"]);
+        thread::sleep(Duration::from_millis(80));
+    }
+    wait_until("the bound hold ended", || {
+        int(&mut c, &["EXISTS", "bound"]) == 0
+    });
+    let (count, after_bound, _, _) = figures(&mut c);
+    assert_eq!(count, 5);
+    assert!(after_bound >= sum + 80, "{after_bound} {sum}");
+
+    // Restored from an RDB file: its start is unknown, so its end is not sampled.
+    int(&mut c, &["LOCK.ACQUIRE", "restored", "r", LONG]);
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "restored", "r"]), 0);
+    assert_eq!(figures(&mut c).0, 5);
+
+    let buckets: Vec<u64> = [
+        1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000, 300000, 3600000,
+    ]
+    .iter()
+    .map(|b| info_field(&mut c, &format!("hold_ms_le_{b}")))
+    .collect();
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert_eq!(buckets.last(), Some(&5), "every hold here is under an hour");
+}
+
+/// A lock with one plain holder is stored compactly (the owner inline, no other allocation);
+/// anything more (a waiter, a second reader, an option) is the full form, and a lock that is
+/// one plain holder again goes back. MEMORY USAGE shows the form.
+#[test]
+fn a_lone_plain_holder_is_stored_compactly_and_back_after_anything_more() {
+    let server = Server::start();
+    let mut c = server.client();
+    let usage = |c: &mut Connection, key: &str| int(c, &["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+    let owner = "0123456789abcdef0123456789abcdef";
+    int(&mut c, &["LOCK.ACQUIRE", "plain", owner, LONG]);
+    let compact = usage(&mut c, "plain");
+    // The owner is inline: a 1-byte and a 32-byte owner take the same room; a 33-byte one does
+    // not fit and takes the full form.
+    int(&mut c, &["LOCK.ACQUIRE", "short", "s", LONG]);
+    assert_eq!(usage(&mut c, "short"), compact);
+    int(
+        &mut c,
+        &["LOCK.ACQUIRE", "long1", &format!("{owner}x"), LONG],
+    );
+    assert!(usage(&mut c, "long1") > compact);
+    int(
+        &mut c,
+        &["LOCK.ACQUIRE", "opts", owner, LONG, "LOCKDELAY", "10"],
+    );
+    let full = usage(&mut c, "opts");
+    assert!(compact < full, "compact {compact}, full {full}");
+    // Two readers, then one: full, then compact only if its token is the lock's last.
+    int(&mut c, &["LOCK.RWREAD", "rw", owner, LONG]);
+    assert_eq!(usage(&mut c, "rw"), compact);
+    int(&mut c, &["LOCK.RWREAD", "rw", "other", LONG]);
+    assert!(usage(&mut c, "rw") > compact);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "rw", "other"]), 0);
+    // The lock's last token is other's, above the remaining reader's: that takes the full
+    // form (the compact one has no room for a separate fence).
+    assert!(usage(&mut c, "rw") > compact);
+    // A waiter makes it full; once served and gone, a lone holder is compact again.
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "plain", "w", LONG, "WAIT", "0"],
+        1,
+    );
+    assert!(usage(&mut c, "plain") > compact);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "plain", owner]), 0);
+    waiter.token();
+    assert_eq!(usage(&mut c, "plain"), compact);
+    // Every form answers the same: re-entry, extend, release on the compact value.
+    int(&mut c, &["LOCK.ACQUIRE", "plain", "w", LONG]);
+    assert_eq!(int(&mut c, &["LOCK.EXTEND", "plain", "w", LONG]), 1);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "plain", "w"]), 1);
+    assert_eq!(int(&mut c, &["LOCK.RELEASE", "plain", "w"]), 0);
+    assert_eq!(int(&mut c, &["EXISTS", "plain"]), 0);
+}
