@@ -1,13 +1,12 @@
 //! The owners currently holding one lock.
 //!
-//! Most locks have one holder, so that case is stored inline (no index, one allocation for the
-//! owner). From two holders on (readers), holders are indexed by owner and by expiry, so that
-//! every operation stays logarithmic: a reader acquiring or releasing next to 10,000 other
-//! readers costs the same as next to one, and the nearest expiry (for the timer) and the latest
-//! one (for the key's Redis TTL) are read without a scan.
+//! Most locks have one holder, so that case is stored inline (no index; a short owner inline
+//! too). From two holders on (readers, permits), holders are indexed by owner and by expiry
+//! (`indexed`), so that every operation stays logarithmic: a reader acquiring or releasing next
+//! to 10,000 other readers costs the same as next to one, and the nearest expiry (for the
+//! timer) and the latest one (for the key's Redis TTL) are read without a scan.
 
-use std::collections::{BTreeSet, HashMap};
-
+use super::indexed::Indexed;
 use super::{HoldOptions, Millis, Mode};
 
 /// One owner's hold on a lock.
@@ -121,14 +120,6 @@ impl OwnerBytes {
 }
 
 #[derive(Clone, Debug, Default)]
-struct Indexed {
-    by_owner: HashMap<Box<[u8]>, Holder>,
-    by_expiry: BTreeSet<(Millis, Box<[u8]>)>,
-    /// The sum of the holders' counts (a semaphore's permits held), kept so it is read in O(1).
-    total: u64,
-}
-
-#[derive(Clone, Debug, Default)]
 enum Repr {
     #[default]
     Empty,
@@ -152,7 +143,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => 0,
             Repr::One(..) => 1,
-            Repr::Many(m) => m.by_owner.len(),
+            Repr::Many(m) => m.len(),
         }
     }
 
@@ -189,7 +180,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(o, h) => (o.get() == owner).then_some(h),
-            Repr::Many(m) => m.by_owner.get(owner),
+            Repr::Many(m) => m.get(owner),
         }
     }
 
@@ -198,7 +189,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(_, h) => Some(h),
-            Repr::Many(m) => m.by_owner.values().next(),
+            Repr::Many(m) => m.first(),
         }
     }
 
@@ -207,7 +198,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(_, h) => Some(h.mode),
-            Repr::Many(m) => m.by_owner.values().next().map(|h| h.mode),
+            Repr::Many(m) => m.first().map(|h| h.mode),
         }
     }
 
@@ -215,7 +206,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => Box::new(std::iter::empty()),
             Repr::One(o, h) => Box::new(std::iter::once((o.get(), h))),
-            Repr::Many(m) => Box::new(m.by_owner.iter().map(|(o, h)| (&**o, h))),
+            Repr::Many(m) => Box::new(m.iter()),
         }
     }
 
@@ -225,22 +216,13 @@ impl HolderSet {
         match std::mem::take(&mut self.repr) {
             Repr::Empty | Repr::Delayed(_) => self.repr = Repr::One(OwnerBytes::new(owner), holder),
             Repr::One(o, h) => {
-                let mut m = Indexed {
-                    total: h.count.saturating_add(holder.count),
-                    ..Indexed::default()
-                };
-                let o = o.into_box();
-                m.by_expiry.insert((h.expires_at, o.clone()));
-                m.by_owner.insert(o, h);
-                m.by_expiry.insert((holder.expires_at, owner.into()));
-                m.by_owner.insert(owner.into(), holder);
+                let mut m = Indexed::default();
+                m.insert(o.into_box(), h);
+                m.insert(owner.into(), holder);
                 self.repr = Repr::Many(Box::new(m));
             }
             Repr::Many(mut m) => {
-                let key: Box<[u8]> = owner.into();
-                m.total = m.total.saturating_add(holder.count);
-                m.by_expiry.insert((holder.expires_at, key.clone()));
-                m.by_owner.insert(key, holder);
+                m.insert(owner.into(), holder);
                 self.repr = Repr::Many(m);
             }
         }
@@ -262,11 +244,7 @@ impl HolderSet {
                 }
             }
             Repr::Many(mut m) => {
-                let removed = m.by_owner.remove_entry(owner).map(|(key, holder)| {
-                    m.by_expiry.remove(&(holder.expires_at, key));
-                    m.total = m.total.saturating_sub(holder.count);
-                    holder
-                });
+                let removed = m.remove(owner).map(|(_, h)| h);
                 self.repr = Self::shrunk(m);
                 removed
             }
@@ -275,15 +253,12 @@ impl HolderSet {
 
     /// Back to the inline form when one holder is left (frees the indexes).
     fn shrunk(m: Box<Indexed>) -> Repr {
-        match m.by_owner.len() {
+        match m.len() {
             0 => Repr::Empty,
-            1 => {
-                let Indexed { by_owner, .. } = *m;
-                match by_owner.into_iter().next() {
-                    Some((o, h)) => Repr::One(OwnerBytes::new(&o), h),
-                    None => Repr::Empty,
-                }
-            }
+            1 => match m.into_only() {
+                Some((o, h)) => Repr::One(OwnerBytes::new(&o), h),
+                None => Repr::Empty,
+            },
             _ => Repr::Many(m),
         }
     }
@@ -301,19 +276,7 @@ impl HolderSet {
                 h.expires_at = expires_at;
                 Some(h)
             }
-            Repr::Many(m) => {
-                let (key, holder) = m.by_owner.get_key_value(owner)?;
-                if holder.expires_at != expires_at {
-                    let old = (holder.expires_at, key.clone());
-                    m.by_expiry.remove(&old);
-                    m.by_expiry.insert((expires_at, old.1));
-                }
-                let holder = m.by_owner.get_mut(owner)?;
-                m.total = m.total.saturating_sub(holder.count).saturating_add(count);
-                holder.count = count;
-                holder.expires_at = expires_at;
-                Some(holder)
-            }
+            Repr::Many(m) => m.update(owner, count, expires_at),
         }
     }
 
@@ -330,7 +293,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => 0,
             Repr::One(_, h) => h.count,
-            Repr::Many(m) => m.total,
+            Repr::Many(m) => m.total(),
         }
     }
 
@@ -339,7 +302,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(_, h) => Some(h.expires_at),
-            Repr::Many(m) => m.by_expiry.first().map(|(t, _)| *t),
+            Repr::Many(m) => m.earliest_expiry(),
         }
     }
 
@@ -349,7 +312,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(_, h) => Some(h.expiry_with_delay()),
-            Repr::Many(m) => m.by_expiry.last().map(|(t, _)| *t),
+            Repr::Many(m) => m.latest_expiry(),
         }
     }
 
@@ -362,13 +325,7 @@ impl HolderSet {
             Repr::Empty | Repr::Delayed(_) => None,
             Repr::One(o, h) => Some((o.into_box(), h)),
             Repr::Many(mut m) => {
-                let popped = m
-                    .by_expiry
-                    .pop_first()
-                    .and_then(|(_, owner)| m.by_owner.remove(&owner).map(|h| (owner, h)));
-                if let Some((_, h)) = &popped {
-                    m.total = m.total.saturating_sub(h.count);
-                }
+                let popped = m.pop_expired(now);
                 self.repr = Self::shrunk(m);
                 popped
             }
@@ -387,17 +344,7 @@ impl HolderSet {
         match &self.repr {
             Repr::Empty | Repr::Delayed(_) => 0,
             Repr::One(o, h) => o.heap_size() + options(h),
-            Repr::Many(m) => {
-                let per_entry = std::mem::size_of::<(Box<[u8]>, Holder)>() + 1;
-                let per_index = std::mem::size_of::<(Millis, Box<[u8]>)>();
-                std::mem::size_of::<Indexed>()
-                    + m.by_owner.capacity() * per_entry
-                    + m.by_owner
-                        .keys()
-                        .map(|o| 2 * o.len() + per_index)
-                        .sum::<usize>()
-                    + m.by_owner.values().map(options).sum::<usize>()
-            }
+            Repr::Many(m) => m.heap_size() + m.iter().map(|(_, h)| options(h)).sum::<usize>(),
         }
     }
 }

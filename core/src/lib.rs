@@ -17,6 +17,7 @@
 
 mod deadlock;
 mod holders;
+mod indexed;
 pub mod parse;
 mod queue;
 pub mod sync;
