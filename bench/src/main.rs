@@ -1,20 +1,26 @@
 //! `lock-bench`: the module against the ways people lock with Redis today, in one run, on one
-//! server that the tool starts itself. Writes a markdown report and an SVG chart.
+//! server that the tool starts itself (and, for Redlock, five more). Writes a markdown report
+//! and SVG charts (in `img/` next to it).
 //!
 //! Usage: `lock-bench [--quick] [--module PATH] [--out docs/benchmarks.md]`
 //! (`make bench` / `make bench-quick` build the module and run it pinned to a core).
 
+mod aio;
+mod chart;
 mod detect;
 mod locks;
 mod measure;
+mod redlock;
 mod server;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use chart::{bar_chart, fmt_bytes, fmt_num, fmt_us, fmt_us1, Panel, Scale, Series};
 use detect::Waiting;
 use locks::{Lock, LuaFair, Module, ModuleSemaphore, SetNx, ZsetSemaphore};
+use redis_lock_client::WaitStrategy;
 use server::Server;
 
 struct Options {
@@ -90,6 +96,8 @@ fn main() {
     let approaches: [&dyn Lock; 3] = [&module, &setnx, &fair];
     let q = o.quick;
     let mut md = String::new();
+    // (file name under img/, SVG), written next to the report at the end.
+    let mut charts: Vec<(&str, String)> = Vec::new();
     let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
 
     // 1. Server time and throughput.
@@ -290,16 +298,18 @@ fn main() {
     } else {
         &[1_000, 100_000, 1_000_000]
     };
+    // (locks held, the module's figures, the SET NX baseline's figures)
     let mut held_costs = Vec::new();
     for &h in held {
         step(&format!("scale: {h} locks held"));
-        let t = measure::cost_with_locks_held(&server, &module, h, 10_000);
-        held_costs.push((h, t));
+        let m = measure::cost_with_locks_held(&server, &module, h, 10_000);
         let base = measure::cost_with_locks_held(&server, &setnx, h, 10_000);
         let _ = writeln!(
             md,
-            "| acquire + release with {h} locks held: module / SET NX baseline | {t:.2} µs / {base:.2} µs |"
+            "| acquire + release with {h} locks held: module / SET NX baseline | {:.2} µs / {:.2} µs |",
+            m.usec, base.usec
         );
+        held_costs.push((h, m, base));
     }
     let deep = if q { 2_000 } else { 10_000 };
     step(&format!("scale: {deep} waiters"));
@@ -316,6 +326,7 @@ fn main() {
             "| reader acquire + release with {readers} readers holding | {t:.2} µs |"
         );
     }
+    let held_memory_ratio = scale_table(&mut md, &held_costs, &mut charts);
 
     // 7. Semaphores.
     let capacity = 4u32;
@@ -494,6 +505,8 @@ fn main() {
     } else {
         &[1, 10, 100, 1_000]
     };
+    // (waiters, hand-overs/s, server µs per hand-over)
+    let mut contention = Vec::new();
     for &n in crowds {
         step(&format!("contention: {n} waiters"));
         let samples = if q { 400 } else { 2_000 };
@@ -516,7 +529,41 @@ fn main() {
             fmt_d(pct(&sorted, 0.99)),
             usec / handed,
         );
+        contention.push((n, handed / chain.as_secs_f64(), usec / handed));
     }
+    let _ = writeln!(md, "\n![hand-overs as waiters grow](img/contention.svg)");
+    let groups: Vec<String> = contention
+        .iter()
+        .map(|(n, _, _)| format!("{n} waiter{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    charts.push((
+        "contention.svg",
+        bar_chart(
+            "One key, more and more waiters (section 9)",
+            &[
+                Panel {
+                    title: "hand-overs per second".into(),
+                    groups: groups.clone(),
+                    series: vec![Series::new(
+                        "hand-overs/s",
+                        contention.iter().map(|c| c.1).collect(),
+                    )],
+                    scale: Scale::Linear,
+                    format: fmt_num,
+                },
+                Panel {
+                    title: "server time per hand-over (LOCK.ACQUIRE + LOCK.RELEASE)".into(),
+                    groups,
+                    series: vec![Series::new(
+                        "server µs",
+                        contention.iter().map(|c| c.2).collect(),
+                    )],
+                    scale: Scale::Linear,
+                    format: fmt_us1,
+                },
+            ],
+        ),
+    ));
 
     // 10. The same memory figures on each server of the matrix.
     let _ = writeln!(md, "\n## 10. Memory on each server\n");
@@ -537,11 +584,14 @@ fn main() {
         "| server | bytes per held lock | bytes per idle connection | bytes more while waiting |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|");
+    // (server, bytes per held lock, per idle connection, more while waiting)
+    let mut per_server: Vec<(String, f64, f64, f64)> = Vec::new();
     for binary in ["redis-server", "valkey-server"] {
         let s = match Server::start_binary(&o.module, Some(0), binary) {
             Ok(s) => s,
             Err(e) => {
                 let _ = writeln!(md, "| {binary} | not measured: {e} | | |");
+                per_server.push((binary.into(), f64::NAN, f64::NAN, f64::NAN));
                 continue;
             }
         };
@@ -554,11 +604,63 @@ fn main() {
             "| {binary} {} | {per_lock:.0} | {per_conn:.0} | {per_wait:.0} |",
             s.version()
         );
+        per_server.push((
+            format!("{binary} {}", s.version()),
+            per_lock,
+            per_conn,
+            per_wait,
+        ));
     }
+    let _ = writeln!(md, "\n![memory by approach and by server](img/memory.svg)");
+    let servers: Vec<String> = per_server.iter().map(|p| p.0.clone()).collect();
+    charts.push((
+        "memory.svg",
+        bar_chart(
+            "Memory (sections 5 and 10)",
+            &[
+                Panel {
+                    title: format!("bytes per held lock, by approach ({n} locks, section 5)"),
+                    groups: approaches.iter().map(|l| l.name().to_string()).collect(),
+                    series: vec![Series::new("bytes per held lock", mems.clone())],
+                    scale: Scale::Linear,
+                    format: fmt_bytes,
+                },
+                Panel {
+                    title: "bytes per held lock, module, by server (section 10)".into(),
+                    groups: servers.clone(),
+                    series: vec![Series::new(
+                        "bytes per held lock",
+                        per_server.iter().map(|p| p.1).collect(),
+                    )],
+                    scale: Scale::Linear,
+                    format: fmt_bytes,
+                },
+                Panel {
+                    title: "bytes per client connection, by server (section 10)".into(),
+                    groups: servers,
+                    series: vec![
+                        Series::new("idle", per_server.iter().map(|p| p.2).collect()),
+                        Series::new(
+                            "more while waiting in a lock queue",
+                            per_server.iter().map(|p| p.3).collect(),
+                        ),
+                    ],
+                    scale: Scale::Linear,
+                    format: fmt_bytes,
+                },
+            ],
+        ),
+    ));
+
+    let redlock_figures = section_redlock(&mut md, &mut charts, &o.module, q, &step);
+    let async_figures = section_async(&mut md, &server, q, &step);
 
     // Targets: figures compared, nothing asserted.
     let module_handoff_p99 = handoffs.first().map_or(Duration::ZERO, |h| h.p99);
-    let (first_held, last_held) = (held_costs.first().copied(), held_costs.last().copied());
+    let (first_held, last_held) = (
+        held_costs.first().map(|(h, m, _)| (*h, m.usec)),
+        held_costs.last().map(|(h, m, _)| (*h, m.usec)),
+    );
     let flat = match (first_held, last_held) {
         (Some((a, ta)), Some((b, tb))) => format!("{:.2}x from {a} to {b} locks", tb / ta),
         _ => "n/a".into(),
@@ -576,7 +678,7 @@ fn main() {
     );
     let _ = writeln!(targets, "| target | figure | |");
     let _ = writeln!(targets, "|---|---:|---|");
-    let rows: [(&str, String, Option<bool>); 9] = [
+    let rows: [(&str, String, Option<bool>); 13] = [
         (
             "server time per acquire + release at most 1.2x SET NX PX + compare-and-delete",
             format!("{:.2}x", times[0] / floor),
@@ -627,6 +729,31 @@ fn main() {
             ),
             None,
         ),
+        (
+            "memory per held lock, module, as the number of locks held grows (section 6)",
+            match (first_held, last_held) {
+                (Some((a, _)), Some((b, _))) => {
+                    format!("{held_memory_ratio:.2}x from {a} to {b} locks")
+                }
+                _ => "n/a".into(),
+            },
+            None,
+        ),
+        (
+            "Redlock over 5 servers, uncontended acquire + release p50: Redlock / LockClient on one server (section 11)",
+            redlock_figures.latency.clone(),
+            None,
+        ),
+        (
+            "Redlock waiter cost, lock commands per second per waiter on the busiest server, 16 waiters: queued / polling (section 11)",
+            redlock_figures.waiter_cost.clone(),
+            None,
+        ),
+        (
+            "async client uncontended acquire + release p50: AsyncLockClient / raw commands (section 12)",
+            async_figures,
+            None,
+        ),
     ];
     for (what, figure, ok) in rows {
         let _ = writeln!(
@@ -649,9 +776,17 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     let report = header + &md;
+    charts.push(("handoff.svg", handoff_chart(&handoffs)));
     if let Some(dir) = o.out.parent() {
-        let _ = std::fs::create_dir_all(dir.join("img"));
-        let _ = std::fs::write(dir.join("img/handoff.svg"), chart(&handoffs));
+        let img = dir.join("img");
+        if let Err(e) = std::fs::create_dir_all(&img) {
+            eprintln!("lock-bench: cannot create {}: {e}", img.display());
+        }
+        for (name, svg) in &charts {
+            if let Err(e) = std::fs::write(img.join(name), svg) {
+                eprintln!("lock-bench: cannot write {}: {e}", img.join(name).display());
+            }
+        }
     }
     if let Err(e) = std::fs::write(&o.out, &report) {
         eprintln!("lock-bench: cannot write {}: {e}", o.out.display());
@@ -680,78 +815,364 @@ fn machine() -> String {
         .unwrap_or_else(|| "an unknown CPU".into())
 }
 
-/// A horizontal bar chart of handoff p50 and p99 per approach, on a log scale (10 µs to 1 s).
-fn chart(rows: &[Handoff]) -> String {
-    let (w, left, right, row_h, top) = (900.0, 200.0, 170.0, 56.0, 50.0);
-    let h = top + row_h * rows.len() as f64 + 50.0;
-    let span = w - left - right;
-    let x = |d: Duration| {
-        let us = (d.as_secs_f64() * 1e6).clamp(10.0, 1e6);
-        left + span * (us.log10() - 1.0) / 5.0
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Handoff p50 and p99 per approach (section 2), on a log scale.
+fn handoff_chart(rows: &[Handoff]) -> String {
+    bar_chart(
+        "Handoff latency, 16 waiters (release sent to next grant), log scale",
+        &[Panel {
+            title: String::new(),
+            groups: rows
+                .iter()
+                .map(|r| format!("{} (n={})", r.name, r.n))
+                .collect(),
+            series: vec![
+                Series::new("p50", rows.iter().map(|r| us(r.p50)).collect()),
+                Series::new("p99", rows.iter().map(|r| us(r.p99)).collect()),
+            ],
+            scale: Scale::Log,
+            format: fmt_us,
+        }],
+    )
+}
+
+/// Section 6's growth table: each figure at every number of locks held and its last / first
+/// ratio, and its chart. Returns the module's memory ratio.
+fn scale_table(
+    md: &mut String,
+    held: &[(usize, measure::HeldCost, measure::HeldCost)],
+    charts: &mut Vec<(&str, String)>,
+) -> f64 {
+    let (Some(first), Some(last)) = (held.first(), held.last()) else {
+        return f64::NAN;
     };
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="13">"#
+    let _ = writeln!(
+        md,
+        "\nHow each figure grows with the number of locks held: the acquire + release rows above, and \
+         `used_memory` per held lock, read while those locks were held (they are taken over a connection \
+         of their own, closed before the reading, so its buffers are not counted).\n"
     );
-    let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = write!(
-        s,
-        r#"<text x="10" y="22" font-size="15" font-weight="bold">Handoff latency, 16 waiters (release sent to next grant), log scale</text>"#
+    let mut head = "| figure |".to_string();
+    let mut rule = "|---|".to_string();
+    for (h, _, _) in held {
+        let _ = write!(head, " {h} locks |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{head} {} / {} |", last.0, first.0);
+    let _ = writeln!(md, "{rule}---:|");
+    type Pick = fn(&(usize, measure::HeldCost, measure::HeldCost)) -> f64;
+    let rows: [(&str, Pick, bool); 4] = [
+        (
+            "server µs per acquire + release, module",
+            |r| r.1.usec,
+            false,
+        ),
+        (
+            "server µs per acquire + release, SET NX baseline",
+            |r| r.2.usec,
+            false,
+        ),
+        ("bytes per held lock, module", |r| r.1.bytes_per_lock, true),
+        (
+            "bytes per held lock, SET NX baseline",
+            |r| r.2.bytes_per_lock,
+            true,
+        ),
+    ];
+    for (label, pick, bytes) in rows {
+        let mut line = format!("| {label} |");
+        for r in held {
+            if bytes {
+                let _ = write!(line, " {:.0} |", pick(r));
+            } else {
+                let _ = write!(line, " {:.2} |", pick(r));
+            }
+        }
+        let _ = writeln!(md, "{line} {:.2}x |", pick(last) / pick(first));
+    }
+    let _ = writeln!(md, "\n![growth with the locks held](img/scale.svg)");
+    let groups = vec!["module".to_string(), "SET NX baseline".to_string()];
+    let per_held = |f: fn(&measure::HeldCost) -> f64| -> Vec<Series> {
+        held.iter()
+            .map(|(h, m, b)| Series::new(format!("{h} locks"), vec![f(m), f(b)]))
+            .collect()
+    };
+    charts.push((
+        "scale.svg",
+        bar_chart(
+            "Growth with the number of locks held (section 6)",
+            &[
+                Panel {
+                    title: "server time per acquire + release".into(),
+                    groups: groups.clone(),
+                    series: per_held(|c| c.usec),
+                    scale: Scale::Linear,
+                    format: fmt_us1,
+                },
+                Panel {
+                    title: "used_memory per held lock".into(),
+                    groups,
+                    series: per_held(|c| c.bytes_per_lock),
+                    scale: Scale::Linear,
+                    format: fmt_bytes,
+                },
+            ],
+        ),
+    ));
+    last.1.bytes_per_lock / first.1.bytes_per_lock
+}
+
+/// Section 11's figures for the targets table.
+struct RedlockFigures {
+    latency: String,
+    waiter_cost: String,
+}
+
+/// Section 11: Redlock over five servers started for it.
+fn section_redlock(
+    md: &mut String,
+    charts: &mut Vec<(&str, String)>,
+    module: &std::path::Path,
+    q: bool,
+    step: &dyn Fn(&str),
+) -> RedlockFigures {
+    let not_measured = |e: &str| RedlockFigures {
+        latency: format!("not measured: {e}"),
+        waiter_cost: format!("not measured: {e}"),
+    };
+    let _ = writeln!(md, "\n## 11. Redlock over 5 servers\n");
+    step("redlock: starting 5 servers");
+    let servers = match redlock::start(module, 5, Some(0)) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e}");
+            return not_measured(&e);
+        }
+    };
+    let samples = if q { 300 } else { 2_000 };
+    let _ = writeln!(
+        md,
+        "The Rust client's `Redlock` (redis-lock-client, the sync API) over five servers of its own, \
+         each a redis-server with the module on a loopback port, pinned like the main one; quorum 3, \
+         per-server timeout 500 ms. Uncontended: acquire + release of a free lock, from the acquire \
+         call to the release's return ({samples} samples; the three take turns, `LockClient` and the \
+         raw commands on the first of the five servers).\n"
     );
-    for (i, label) in ["10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s"]
-        .iter()
-        .enumerate()
-    {
-        let gx = left + span * i as f64 / 5.0;
-        let _ = write!(
-            s,
-            r##"<line x1="{gx}" y1="{top}" x2="{gx}" y2="{}" stroke="#ddd"/>"##,
-            h - 40.0
-        );
-        let _ = write!(
-            s,
-            r##"<text x="{gx}" y="{}" text-anchor="middle" fill="#555">{label}</text>"##,
-            h - 22.0
+    step("redlock: uncontended");
+    let u = match redlock::uncontended(&servers, samples) {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e}");
+            return not_measured(&e);
+        }
+    };
+    let _ = writeln!(md, "| client | p50 | p99 |");
+    let _ = writeln!(md, "|---|---:|---:|");
+    for (label, s) in [
+        ("`Redlock`, 5 servers (quorum 3)", &u.redlock),
+        ("`LockClient`, 1 server", &u.single),
+        ("raw `LOCK.ACQUIRE` + `LOCK.RELEASE`, 1 server", &u.raw),
+    ] {
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {} |",
+            fmt_d(pct(s, 0.5)),
+            fmt_d(pct(s, 0.99))
         );
     }
-    for (i, r) in rows.iter().enumerate() {
-        let y = top + row_h * i as f64 + 8.0;
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-            left - 8.0,
-            y + 20.0,
-            r.name
-        );
-        let _ = write!(
-            s,
-            r##"<rect x="{left}" y="{y}" width="{:.1}" height="16" fill="#4c78a8"/>"##,
-            x(r.p50) - left
-        );
-        let _ = write!(
-            s,
-            r##"<rect x="{left}" y="{}" width="{:.1}" height="16" fill="#f58518"/>"##,
-            y + 18.0,
-            x(r.p99) - left
-        );
-        let _ = write!(
-            s,
-            r##"<text x="{:.1}" y="{}" fill="#333">p50 {}</text>"##,
-            x(r.p50) + 4.0,
-            y + 13.0,
-            fmt_d(r.p50)
-        );
-        let _ = write!(
-            s,
-            r##"<text x="{:.1}" y="{}" fill="#333">p99 {} (n={})</text>"##,
-            x(r.p99) + 4.0,
-            y + 31.0,
-            fmt_d(r.p99),
-            r.n
-        );
-        let _ = r.max;
+    let latency = format!(
+        "{} / {}",
+        fmt_d(pct(&u.redlock, 0.5)),
+        fmt_d(pct(&u.single, 0.5))
+    );
+
+    let crowds: [(usize, usize); 2] = if q {
+        [(4, 10), (16, 3)]
+    } else {
+        [(4, 60), (16, 15)]
+    };
+    let settle = Duration::from_millis(if q { 300 } else { 1_000 });
+    let window = Duration::from_secs(if q { 1 } else { 2 });
+    let _ = writeln!(
+        md,
+        "\nContended: W threads ask for one key (`Acquire::write(30 s).wait(30 s)`) while another \
+         holds it. *Waiter cost*: the lock commands (every `LOCK.*`, INFO commandstats) each server \
+         received over {} s of waiting (from {} ms after the waiters asked), per second and per \
+         waiter, on the busiest of the five. Queued (`WaitStrategy::Queue`, the default) waits in \
+         the queue of one server chosen by the key, in slices of up to a second, and asks the others \
+         when that one grants; polling (`WaitStrategy::Poll`) retries the whole attempt after 1 to \
+         20 ms. *Hand-over*: then the holder releases and each waiter in turn gets the lock, holds it \
+         1 ms and releases it; from a release call to the next holder's acquire returning \
+         ({} rounds of 4 waiters, {} of 16: W hand-overs a round; the later rounds start {} ms \
+         after the waiters asked).\n",
+        window.as_secs(),
+        settle.as_millis(),
+        crowds[0].1,
+        crowds[1].1,
+        redlock::LATER_SETTLE.as_millis()
+    );
+    let _ = writeln!(
+        md,
+        "| waiters | waiting | lock commands/s per waiter, busiest server | hand-overs | p50 | p99 |"
+    );
+    let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|");
+    let strategies = [
+        (WaitStrategy::Queue, "queued (default)"),
+        (WaitStrategy::Poll, "polling"),
+    ];
+    // [crowd][strategy]: (commands/s per waiter, p50 µs, p99 µs)
+    let mut figures = vec![vec![(f64::NAN, f64::NAN, f64::NAN); 2]; crowds.len()];
+    for (ci, &(waiters, rounds)) in crowds.iter().enumerate() {
+        for (si, &(strategy, label)) in strategies.iter().enumerate() {
+            step(&format!("redlock: {waiters} waiters, {label}"));
+            match redlock::contended(&servers, strategy, waiters, rounds, settle, window) {
+                Ok(c) => {
+                    let (p50, p99) = (pct(&c.handovers, 0.5), pct(&c.handovers, 0.99));
+                    let _ = writeln!(
+                        md,
+                        "| {waiters} | {label} | {:.1} | {} | {} | {} |",
+                        c.commands_per_waiter,
+                        c.handovers.len(),
+                        fmt_d(p50),
+                        fmt_d(p99)
+                    );
+                    figures[ci][si] = (c.commands_per_waiter, us(p50), us(p99));
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "| {waiters} | {label} | not measured: {e} | | | |");
+                }
+            }
+        }
     }
-    s.push_str("</svg>\n");
-    s
+    let _ = writeln!(md, "\n![Redlock waiters](img/redlock.svg)");
+    let groups: Vec<String> = crowds.iter().map(|c| format!("{} waiters", c.0)).collect();
+    let column = |si: usize, f: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> {
+        figures.iter().map(|row| f(&row[si])).collect()
+    };
+    charts.push((
+        "redlock.svg",
+        bar_chart(
+            "Redlock over 5 servers, waiters on one key (section 11), log scales",
+            &[
+                Panel {
+                    title: "lock commands per second per waiter, busiest server".into(),
+                    groups: groups.clone(),
+                    series: vec![
+                        Series::new("queued (default)", column(0, |f| f.0)),
+                        Series::new("polling", column(1, |f| f.0)),
+                    ],
+                    scale: Scale::Log,
+                    format: fmt_num,
+                },
+                Panel {
+                    title: "hand-over, release call to the next holder's grant".into(),
+                    groups,
+                    series: vec![
+                        Series::new("queued p50", column(0, |f| f.1)),
+                        Series::new("queued p99", column(0, |f| f.2)),
+                        Series::new("polling p50", column(1, |f| f.1)),
+                        Series::new("polling p99", column(1, |f| f.2)),
+                    ],
+                    scale: Scale::Log,
+                    format: fmt_us,
+                },
+            ],
+        ),
+    ));
+    let last = figures
+        .last()
+        .map_or((f64::NAN, f64::NAN), |row| (row[0].0, row[1].0));
+    RedlockFigures {
+        latency,
+        waiter_cost: format!("{:.1} / {:.1}", last.0, last.1),
+    }
+}
+
+/// Section 12: the async client on the main server. Returns the targets table's figure.
+fn section_async(md: &mut String, server: &Server, q: bool, step: &dyn Fn(&str)) -> String {
+    let _ = writeln!(md, "\n## 12. The Rust async client\n");
+    let samples = if q { 300 } else { 2_000 };
+    let (handoff_samples, budget) = if q {
+        (1_000, Duration::from_secs(2))
+    } else {
+        (5_000, Duration::from_secs(5))
+    };
+    let _ = writeln!(
+        md,
+        "`AsyncLockClient` (redis-lock-client on tokio, a multi-threaded runtime of two workers) on \
+         the main server, next to the same commands sent raw over redis's async connections on the \
+         same runtime. Uncontended: `try_lock` + `release` of a free lock against `LOCK.ACQUIRE` + \
+         `LOCK.RELEASE` over one multiplexed connection, from the call to the release's return \
+         ({samples} samples each, taking turns).\n"
+    );
+    let rt = match aio::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e}");
+            return format!("not measured: {e}");
+        }
+    };
+    step("async client: uncontended");
+    let target = match rt.block_on(aio::uncontended(server, samples)) {
+        Ok(u) => {
+            let _ = writeln!(md, "| path | p50 | p99 |");
+            let _ = writeln!(md, "|---|---:|---:|");
+            for (label, s) in [
+                ("`AsyncLockClient`", &u.client),
+                ("raw commands, multiplexed connection", &u.raw),
+            ] {
+                let _ = writeln!(
+                    md,
+                    "| {label} | {} | {} |",
+                    fmt_d(pct(s, 0.5)),
+                    fmt_d(pct(s, 0.99))
+                );
+            }
+            format!(
+                "{} / {}",
+                fmt_d(pct(&u.client, 0.5)),
+                fmt_d(pct(&u.raw, 0.5))
+            )
+        }
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e}");
+            format!("not measured: {e}")
+        }
+    };
+    let _ = writeln!(
+        md,
+        "\nContended: 16 tasks loop acquire (waiting) / release on one key, as section 2: from a \
+         release being sent to the next grant's reply, until {handoff_samples} hand-overs or {} s. \
+         The client's tasks share one `AsyncLockClient` (`lock(key, ttl, wait)`, whose waits take \
+         dedicated connections); the raw tasks have a multiplexed connection each and send \
+         `LOCK.ACQUIRE ... WAIT`.\n",
+        budget.as_secs()
+    );
+    let _ = writeln!(md, "| path | samples | p50 | p99 | hand-overs/s |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    for (label, raw) in [
+        ("`AsyncLockClient`", false),
+        ("raw commands, a connection per task", true),
+    ] {
+        step(&format!("async client: hand-over, {label}"));
+        match rt.block_on(aio::handoff(server, raw, 16, handoff_samples, budget)) {
+            Ok(h) => {
+                let _ = writeln!(
+                    md,
+                    "| {label} | {} | {} | {} | {:.0} |",
+                    h.samples.len(),
+                    fmt_d(pct(&h.samples, 0.5)),
+                    fmt_d(pct(&h.samples, 0.99)),
+                    h.per_second
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(md, "| {label} | not measured: {e} | | | |");
+            }
+        }
+    }
+    target
 }

@@ -313,6 +313,23 @@ pub fn memory_per_lock(server: &Server, lock: &dyn Lock, n: usize) -> f64 {
     (after - before) / n as f64
 }
 
+/// `used_memory` once it has stopped moving: two readings 200 ms apart within 4 KB (at most
+/// 30 s). Redis frees some of what earlier measurements left behind a little at a time, in its
+/// cron (the pooled temp clients of module-blocked clients: 50 per run), which would otherwise
+/// count against the locks (at 1000 locks the figure came out negative).
+fn steady_memory(c: &mut Connection) -> f64 {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut last = used_memory(c);
+    loop {
+        thread::sleep(Duration::from_millis(200));
+        let now = used_memory(c);
+        if (now - last).abs() < 4096.0 || Instant::now() >= give_up {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// Holds `n` locks `{prefix}:{i}` (pipelined).
 pub fn fill(c: &mut Connection, lock: &dyn Lock, prefix: &str, n: usize) {
     let owner = "0123456789abcdef0123456789abcdef";
@@ -467,12 +484,34 @@ pub fn memory_per_connection_and_wait(server: &Server, n: usize) -> (f64, f64) {
     )
 }
 
-/// Module server time per acquire + release (µs) with `held` other locks held.
-pub fn cost_with_locks_held(server: &Server, lock: &dyn Lock, held: usize, pairs: usize) -> f64 {
+/// What `held` locks held cost: the server time of one more acquire + release among them, and
+/// their memory.
+pub struct HeldCost {
+    /// Server µs per acquire + release (INFO commandstats).
+    pub usec: f64,
+    /// `used_memory` per held lock (32-byte owners). The locks are taken over a connection of
+    /// their own that is closed before the reading, so its query and reply buffers are not
+    /// counted: at 1000 locks they would be a good part of the figure.
+    pub bytes_per_lock: f64,
+}
+
+/// Server time per acquire + release (µs) with `held` other locks held, and the memory of
+/// those locks.
+pub fn cost_with_locks_held(
+    server: &Server,
+    lock: &dyn Lock,
+    held: usize,
+    pairs: usize,
+) -> HeldCost {
     let mut c = server.connect();
     flush(&mut c);
     lock.prepare(&mut c);
-    fill(&mut c, lock, "held", held);
+    let before = steady_memory(&mut c);
+    {
+        let mut filler = server.connect();
+        fill(&mut filler, lock, "held", held);
+    }
+    let bytes_per_lock = (steady_memory(&mut c) - before) / held as f64;
     reset_stats(&mut c);
     for batch in 0..pairs / 100 {
         let mut p = redis::pipe();
@@ -486,7 +525,10 @@ pub fn cost_with_locks_held(server: &Server, lock: &dyn Lock, held: usize, pairs
         }
     }
     let (usec, _) = command_usec(&mut c, lock.commands());
-    usec / (pairs / 100 * 100) as f64
+    HeldCost {
+        usec: usec / (pairs / 100 * 100) as f64,
+        bytes_per_lock,
+    }
 }
 
 /// Server time (µs) of one LOCK.RELEASE that grants the next of `n` queued waiters, measured
