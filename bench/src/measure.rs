@@ -313,6 +313,29 @@ pub fn memory_per_lock(server: &Server, lock: &dyn Lock, n: usize) -> f64 {
     (after - before) / n as f64
 }
 
+/// Bytes of `used_memory` per reader, over `n` readers (32-byte owners, each its own) spread
+/// `per_key` to a key.
+pub fn memory_per_reader(server: &Server, n: usize, per_key: usize) -> f64 {
+    let mut c = server.connect();
+    flush(&mut c);
+    let mut filler = server.connect();
+    let before = steady_memory(&mut c);
+    for start in (0..n).step_by(1000) {
+        let mut p = redis::pipe();
+        for i in start..(start + 1000).min(n) {
+            p.cmd("LOCK.RWREAD")
+                .arg(format!("rd:{}", i / per_key.max(1)))
+                .arg(format!("{:032x}", i))
+                .arg(LONG_TTL)
+                .ignore();
+        }
+        let _: () = p.query(&mut filler).expect("fill readers");
+    }
+    drop(filler);
+    let after = steady_memory(&mut c);
+    (after - before) / n as f64
+}
+
 /// `used_memory` once it has stopped moving: two readings 200 ms apart within 4 KB (at most
 /// 30 s). Redis frees some of what earlier measurements left behind a little at a time, in its
 /// cron (the pooled temp clients of module-blocked clients: 50 per run), which would otherwise
