@@ -54,15 +54,18 @@ enum Repr {
     Full(Box<FullValue>),
 }
 
-/// A lock with one plain holder (see `Lock::single`) whose owner fits inline: the holder's
-/// figures, the owner, nothing else. The fence is the holder's token; a compact value never has
+/// A lock or semaphore with one plain holder (see `Lock::single`) whose owner fits inline: the
+/// holder's figures, the owner, nothing else. The fence is the holder's token; a compact value never has
 /// a timer (a lone holder with nobody waiting has its key's Redis expiry instead).
 #[derive(Debug)]
 struct Compact {
     token: u64,
     expires_at: Millis,
     granted_at: Millis,
-    count: u32,
+    /// A semaphore's capacity for a permit hold, 0 for a lock.
+    capacity: u32,
+    /// Hold counts above 65,535 take the full form.
+    count: u16,
     mode: Mode,
     owner_len: u8,
     owner: [u8; COMPACT_OWNER],
@@ -82,16 +85,14 @@ impl Compact {
         let owner_len = u8::try_from(owner.len())
             .ok()
             .filter(|&n| usize::from(n) <= COMPACT_OWNER)?;
-        let count = u32::try_from(h.count).ok()?;
-        if !matches!(h.mode, Mode::Write | Mode::Read) {
-            return None;
-        }
+        let count = u16::try_from(h.count).ok()?;
         let mut inline = [0; COMPACT_OWNER];
         inline.get_mut(..owner.len())?.copy_from_slice(owner);
         Some(Compact {
             token: h.token,
             expires_at: h.expires_at,
             granted_at: h.granted_at,
+            capacity: h.capacity,
             count,
             mode: h.mode,
             owner_len,
@@ -108,7 +109,7 @@ impl Compact {
     fn unpack(&self) -> Lock {
         let holder = Holder {
             mode: self.mode,
-            capacity: 0,
+            capacity: self.capacity,
             count: u64::from(self.count),
             expires_at: self.expires_at,
             token: self.token,
@@ -118,17 +119,19 @@ impl Compact {
         Lock::from_single(self.owner(), holder)
     }
 
+    /// What `Gauges::of` gives for the unpacked lock, without unpacking it.
     fn gauges(&self) -> Gauges {
-        let (readers, writers) = match self.mode {
-            Mode::Read => (1, 0),
-            Mode::Write | Mode::Permit => (0, 1),
+        let (readers, writers, permits) = match self.mode {
+            Mode::Read => (1, 0, 0),
+            Mode::Write => (0, 1, 0),
+            Mode::Permit => (0, 0, u32::from(self.count)),
         };
         Gauges {
             locks_held: 1,
             readers,
             writers,
             waiters: 0,
-            permits: 0,
+            permits,
         }
     }
 }
@@ -289,6 +292,30 @@ mod tests {
     /// Memory per lock is a published figure (docs/benchmarks.md); this keeps the value from
     /// growing back by accident. 64 bytes is one jemalloc size class: a compact lock with a
     /// 32-byte owner is one allocation of that class.
+    /// The compact form's figures are what the unpacked lock's would be, for every mode.
+    #[test]
+    fn compact_gauges_match_the_unpacked_lock() {
+        for (mode, capacity, count) in [
+            (Mode::Write, 0, 1),
+            (Mode::Read, 0, 3),
+            (Mode::Permit, 5, 2),
+        ] {
+            let holder = Holder {
+                mode,
+                capacity,
+                count,
+                expires_at: 1_000,
+                token: 7,
+                granted_at: 10,
+                options: PackedOptions::NONE,
+            };
+            let lock = Lock::from_single(b"owner", holder);
+            let c = Compact::of(&lock).expect("compact");
+            assert_eq!(c.gauges(), Gauges::of(&lock), "{mode:?}");
+            assert_eq!(c.unpack().single(), lock.single(), "{mode:?}");
+        }
+    }
+
     #[test]
     fn a_lock_value_fits_in_64_bytes() {
         assert_eq!(std::mem::size_of::<LockValue>(), 64);

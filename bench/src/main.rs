@@ -278,7 +278,7 @@ fn main() {
     }
     step("memory per reader");
     let readers = n;
-    let per_key: &[usize] = &[1, 10, 1_000, readers];
+    let per_key: &[usize] = &[1, 10, 100, 1_000, readers];
     let reader_mems: Vec<(usize, f64)> = per_key
         .iter()
         .map(|&k| (k, measure::memory_per_reader(&server, readers, k)))
@@ -291,10 +291,7 @@ fn main() {
     for (k, m) in &reader_mems {
         let _ = writeln!(md, "| {k} | {m:.0} | {:.2}x |", m / mems[1]);
     }
-    let worst_reader = reader_mems
-        .iter()
-        .map(|(_, m)| *m)
-        .fold(0.0f64, f64::max);
+    let worst_reader = reader_mems.iter().map(|(_, m)| *m).fold(0.0f64, f64::max);
     step("memory per waiter");
     let waiters = if q { 500 } else { 2_000 };
     let (module_part, pool_part, client_part) = measure::memory_per_waiter(&server, waiters);

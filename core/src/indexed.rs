@@ -7,7 +7,8 @@
 //! of (expiry, position). So finding an owner, adding, removing and changing an expiry are
 //! O(1) or O(log n) as with a map keyed by owner beside a set keyed by expiry, but the owner's
 //! bytes are kept once and each index entry is 16 bytes, not a second copy of the owner: with
-//! 10,000 readers that is about a third less memory per reader.
+//! 10,000 readers that is about a third less memory per reader. A set of at most 16 holders
+//! keeps no indexes at all and scans its slab (see [`SMALL`]).
 
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap};
@@ -17,6 +18,11 @@ use super::{Holder, Millis};
 
 /// No next entry in a hash chain.
 const END: usize = usize::MAX;
+
+/// Up to this many holders the indexes are not kept: a scan of so few entries costs less than
+/// the indexes do, and their tables (a few hundred bytes) would weigh on every reader of a
+/// lightly shared lock. Past it they are built; they are dropped again at half of it.
+const SMALL: usize = 16;
 
 #[derive(Clone, Debug)]
 struct Entry {
@@ -59,6 +65,9 @@ pub(crate) struct Indexed {
     hasher: RandomState,
     /// The sum of the holders' counts (a semaphore's permits held), kept so it is read in O(1).
     total: u64,
+    /// Whether `heads` and `by_expiry` are kept (more than [`SMALL`] holders); both are empty
+    /// otherwise.
+    indexed: bool,
     /// Tests only: every owner hashes alike, so all entries share one chain.
     #[cfg(test)]
     collide: bool,
@@ -78,6 +87,9 @@ impl Indexed {
     }
 
     fn position(&self, owner: &[u8]) -> Option<usize> {
+        if !self.indexed {
+            return self.entries.iter().position(|e| *e.owner == *owner);
+        }
         let mut at = *self.heads.get(&self.hash(owner))?;
         // A chain is never longer than the slab; the bound only guards against a broken one.
         for _ in 0..self.entries.len() {
@@ -109,30 +121,80 @@ impl Indexed {
     }
 
     pub(crate) fn earliest_expiry(&self) -> Option<Millis> {
-        self.by_expiry.first().map(|(t, _)| *t)
+        self.earliest().map(|(t, _)| t)
     }
 
     pub(crate) fn latest_expiry(&self) -> Option<Millis> {
+        if !self.indexed {
+            return self.entries.iter().map(|e| e.holder.expires_at).max();
+        }
         self.by_expiry.last().map(|(t, _)| *t)
+    }
+
+    /// The earliest expiry and the position of an entry with it.
+    fn earliest(&self) -> Option<(Millis, usize)> {
+        if !self.indexed {
+            return self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.holder.expires_at)
+                .map(|(at, e)| (e.holder.expires_at, at));
+        }
+        self.by_expiry.first().copied()
+    }
+
+    /// Builds the indexes over the entries (the set grew past [`SMALL`]).
+    fn build_indexes(&mut self) {
+        self.indexed = true;
+        for at in 0..self.entries.len() {
+            let Some(entry) = self.entries.get(at) else {
+                break;
+            };
+            let (hash, expires_at) = (self.hash(&entry.owner), entry.holder.expires_at);
+            let next = self.heads.insert(hash, at).unwrap_or(END);
+            self.by_expiry.insert((expires_at, at));
+            if let Some(entry) = self.entries.get_mut(at) {
+                entry.next = next;
+            }
+        }
+    }
+
+    /// Drops the indexes (the set shrank to half of [`SMALL`]).
+    fn drop_indexes(&mut self) {
+        self.indexed = false;
+        self.heads = HashMap::default();
+        self.by_expiry = BTreeSet::new();
+        for entry in &mut self.entries {
+            entry.next = END;
+        }
     }
 
     /// Adds a holder; the caller has checked that `owner` holds nothing yet.
     pub(crate) fn insert(&mut self, owner: Box<[u8]>, holder: Holder) {
         let at = self.entries.len();
-        let hash = self.hash(&owner);
-        let next = self.heads.insert(hash, at).unwrap_or(END);
+        let next = if self.indexed {
+            let hash = self.hash(&owner);
+            self.by_expiry.insert((holder.expires_at, at));
+            self.heads.insert(hash, at).unwrap_or(END)
+        } else {
+            END
+        };
         self.total = self.total.saturating_add(holder.count);
-        self.by_expiry.insert((holder.expires_at, at));
-        // Grow by half rather than doubling: a large set of readers then wastes at most a
-        // third of the slab instead of half.
+        // Grow by a quarter rather than doubling: a large set of readers then leaves at most a
+        // fifth of the slab unused instead of half (the allocator's size classes are a quarter
+        // apart too). Still amortized O(1) per insert.
         if self.entries.len() == self.entries.capacity() {
-            self.entries.reserve_exact((self.entries.len() / 2).max(4));
+            self.entries.reserve_exact((self.entries.len() / 4).max(4));
         }
         self.entries.push(Entry {
             owner,
             holder,
             next,
         });
+        if !self.indexed && self.entries.len() > SMALL {
+            self.build_indexes();
+        }
     }
 
     pub(crate) fn remove(&mut self, owner: &[u8]) -> Option<(Box<[u8]>, Holder)> {
@@ -142,7 +204,7 @@ impl Indexed {
 
     /// Removes the entry with the earliest expiry if it is due at `now`.
     pub(crate) fn pop_expired(&mut self, now: Millis) -> Option<(Box<[u8]>, Holder)> {
-        let (due, at) = *self.by_expiry.first()?;
+        let (due, at) = self.earliest()?;
         if due > now {
             return None;
         }
@@ -158,7 +220,7 @@ impl Indexed {
     ) -> Option<&Holder> {
         let at = self.position(owner)?;
         let entry = self.entries.get_mut(at)?;
-        if entry.holder.expires_at != expires_at {
+        if self.indexed && entry.holder.expires_at != expires_at {
             self.by_expiry.remove(&(entry.holder.expires_at, at));
             self.by_expiry.insert((expires_at, at));
         }
@@ -204,27 +266,33 @@ impl Indexed {
 
     fn remove_at(&mut self, at: usize) -> Option<(Box<[u8]>, Holder)> {
         let entry = self.entries.get(at)?;
-        let (hash, next, expires_at) =
-            (self.hash(&entry.owner), entry.next, entry.holder.expires_at);
-        // Out of its hash chain, and out of the expiry index.
-        if next == END && self.heads.get(&hash) == Some(&at) {
-            self.heads.remove(&hash);
-        } else {
-            self.relink(hash, at, next);
-        }
-        self.by_expiry.remove(&(expires_at, at));
-        // The last entry moves into the gap: re-point its chain link and expiry entry.
         let last = self.entries.len() - 1;
-        if at != last {
-            if let Some(moved) = self.entries.get(last) {
-                let (moved_hash, moved_expiry) = (self.hash(&moved.owner), moved.holder.expires_at);
-                self.relink(moved_hash, last, at);
-                self.by_expiry.remove(&(moved_expiry, last));
-                self.by_expiry.insert((moved_expiry, at));
+        if self.indexed {
+            let (hash, next, expires_at) =
+                (self.hash(&entry.owner), entry.next, entry.holder.expires_at);
+            // Out of its hash chain, and out of the expiry index.
+            if next == END && self.heads.get(&hash) == Some(&at) {
+                self.heads.remove(&hash);
+            } else {
+                self.relink(hash, at, next);
+            }
+            self.by_expiry.remove(&(expires_at, at));
+            // The last entry moves into the gap: re-point its chain link and expiry entry.
+            if at != last {
+                if let Some(moved) = self.entries.get(last) {
+                    let (moved_hash, moved_expiry) =
+                        (self.hash(&moved.owner), moved.holder.expires_at);
+                    self.relink(moved_hash, last, at);
+                    self.by_expiry.remove(&(moved_expiry, last));
+                    self.by_expiry.insert((moved_expiry, at));
+                }
             }
         }
         let removed = self.entries.swap_remove(at);
         self.total = self.total.saturating_sub(removed.holder.count);
+        if self.indexed && self.entries.len() <= SMALL / 2 {
+            self.drop_indexes();
+        }
         // Give memory back once a set that grew large has mostly emptied.
         if self.entries.capacity() > 64 && self.entries.len() * 4 < self.entries.capacity() {
             self.entries.shrink_to(self.entries.len() * 2);
@@ -246,6 +314,20 @@ impl Indexed {
     /// Checks the indexes against the entries (tests).
     #[cfg(test)]
     pub(crate) fn check(&self) -> Result<(), String> {
+        if !self.indexed {
+            if !self.heads.is_empty() || !self.by_expiry.is_empty() || self.entries.len() > SMALL {
+                return Err("indexes kept for a small set, or a large set without".into());
+            }
+            let total: u64 = self.entries.iter().map(|e| e.holder.count).sum();
+            return if total == self.total {
+                Ok(())
+            } else {
+                Err(format!("total {} of {total}", self.total))
+            };
+        }
+        if self.entries.len() <= SMALL / 2 {
+            return Err("indexes kept for a set of half the threshold".into());
+        }
         let mut chained = 0;
         for (&hash, &head) in &self.heads {
             let mut at = head;
@@ -378,6 +460,18 @@ mod tests {
             prop_assert_eq!(set.total(), model.values().map(|v| v.0).sum::<u64>());
         }
         Ok(())
+    }
+
+    /// Up past the threshold (indexes built) and back down below half of it (dropped), in
+    /// both hash modes, checking after every step.
+    #[test]
+    fn indexes_are_built_and_dropped_across_the_threshold() {
+        let up = (0..40u8).map(|o| Op::Insert(o.wrapping_mul(7), o % 16));
+        let down = (0..40u8).map(|o| Op::Remove(o.wrapping_mul(7)));
+        let ops: Vec<Op> = up.chain(down).collect();
+        for set in [Indexed::default(), Indexed::colliding()] {
+            run(set, &ops).unwrap();
+        }
     }
 
     proptest! {
