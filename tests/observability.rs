@@ -540,6 +540,12 @@ fn a_lone_plain_holder_is_stored_compactly_and_back_after_anything_more() {
     );
     let full = usage(&mut c, "opts");
     assert!(compact < full, "compact {compact}, full {full}");
+    // A semaphore's lone holder too, with two permits; a second holder makes it full.
+    int(&mut c, &["LOCK.SEMACQUIRE", "sem1", owner, "3", LONG]);
+    int(&mut c, &["LOCK.SEMACQUIRE", "sem1", owner, "3", LONG]);
+    assert_eq!(usage(&mut c, "sem1"), compact);
+    int(&mut c, &["LOCK.SEMACQUIRE", "sem1", "other", "3", LONG]);
+    assert!(usage(&mut c, "sem1") > compact);
     // Two readers, then one: full, then compact only if its token is the lock's last.
     int(&mut c, &["LOCK.RWREAD", "rw", owner, LONG]);
     assert_eq!(usage(&mut c, "rw"), compact);
