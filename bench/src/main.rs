@@ -318,8 +318,8 @@ fn main() {
     let mut held_costs = Vec::new();
     for &h in held {
         step(&format!("scale: {h} locks held"));
-        let m = measure::cost_with_locks_held(&server, &module, h, 10_000);
-        let base = measure::cost_with_locks_held(&server, &setnx, h, 10_000);
+        let m = measure::cost_with_locks_held(&server, &module, h, 20_000);
+        let base = measure::cost_with_locks_held(&server, &setnx, h, 20_000);
         let _ = writeln!(
             md,
             "| acquire + release with {h} locks held: module / SET NX baseline | {:.2} µs / {:.2} µs |",
