@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Memory figures for capacity planning (docs/operations.md): bytes per held lock (32-byte
-owners), per extra connection, and per connection while it waits in a lock queue, read from
-`used_memory` of a running server with the module.
+"""Memory figures for capacity planning (docs/operations.md): bytes per reader of a shared lock
+(10 to a key), per held lock (32-byte owners), per extra connection, and per connection while
+it waits in a lock queue, read from `used_memory` of a running server with the module.
 
 Usage: scripts/memory-figures.py PORT [LOCKS=100000] [WAITERS=500]
 (start the server with --maxclients above WAITERS; the figures move by a few per cent between
@@ -34,6 +34,23 @@ def used():
     info = call("INFO", "memory").decode()
     return int([l for l in info.split("\r\n") if l.startswith("used_memory:")][0].split(":")[1])
 
+
+def fill(words_of, count):
+    """Sends `count` commands in pipelined batches, reading every reply."""
+    for b in range(0, count, 10000):
+        m = min(count, b + 10000)
+        s.sendall(b"".join(cmd(*words_of(i)) for i in range(b, m)))
+        buf = b""
+        while buf.count(b"\r\n") < m - b:
+            buf += s.recv(1 << 20)
+
+
+# Readers of shared locks, 10 to a key, each with its own 32-byte owner; then gone again.
+base = used()
+fill(lambda i: ("LOCK.RWREAD", "shared:%08d" % (i // 10), "%032x" % i, 600000), n)
+print(f"{n} readers, 10 to a key: {(used() - base) / n:.1f} bytes per reader")
+call("FLUSHALL")
+time.sleep(0.5)
 
 owner = "o" * 32
 base = used()
