@@ -264,3 +264,16 @@ def test_decode_responses_and_resp3_clients(server: object) -> None:
         lock.release()
         assert lock.info() is None
         c.close()
+
+
+def test_generated_tokens_fit_the_servers_compact_form(r: "redis.Redis[bytes]") -> None:
+    # The server keeps a lone holder with an owner of at most 32 bytes in one small value; a
+    # held Lock with a generated token costs what a lock held by a 1-byte owner does.
+    lock = Lock(r, "compact-a", timeout=60)
+    assert lock.acquire(blocking=False)
+    token = lock.local.token
+    assert isinstance(token, bytes) and len(token) == 32
+    r.execute_command("LOCK.ACQUIRE", "compact-b", "x", 60000)
+    usage = [r.memory_usage(k, samples=0) for k in ("compact-a", "compact-b")]
+    assert usage[0] == usage[1], usage
+    lock.release()
