@@ -108,36 +108,37 @@ impl<'a> LockKey<'a> {
     /// Runs `op` on the lock as it is, with no clock: for applying a master's effect (LOCK.SYNC),
     /// which must not expire or grant anything by this server's own decision.
     pub fn apply_exact(&mut self, op: impl FnOnce(&mut Lock)) {
-        if let Some(value) = self.raw.value() {
-            let before = value.gauges();
-            op(value.lock_mut());
-            self.commit(Vec::new(), before, None);
-        }
+        self.change(|lock, _| op(lock));
     }
 
     /// Runs `op` on the lock with a fresh [`Step`] (the current time and the module's fencing
     /// counter), then commits. Returns `op`'s result, or `None` if the key holds no lock.
     pub fn apply<R>(&mut self, op: impl FnOnce(&mut Lock, &mut Step<'_>) -> R) -> Option<R> {
         let now = context::now_ms();
-        let mut events = Vec::new();
-        let value = self.raw.value()?;
-        let before = value.gauges();
-        let run = |lock: &mut Lock| {
+        self.change(|lock, events| {
             stats::with_fences(|fences| {
                 let mut step = Step {
                     now,
                     fences,
-                    events: &mut events,
+                    events,
                 };
                 op(lock, &mut step)
             })
-        };
+        })
+    }
+
+    /// Runs `op` on the lock (it reports events into the list it is given), then commits.
+    /// `None` if the key holds no lock.
+    fn change<R>(&mut self, op: impl FnOnce(&mut Lock, &mut Vec<Event>) -> R) -> Option<R> {
+        let mut events = Vec::new();
+        let value = self.raw.value()?;
+        let before = value.gauges();
         // A vacant or compact value is worked on as a lock on the stack and stored back
         // (memory per lock is a published figure, and this keeps the full form's allocation
         // off the common path); only a lock that no longer fits becomes the full form.
         let r = match value.unpack_small() {
             Some(mut lock) => {
-                let r = run(&mut lock);
+                let r = op(&mut lock, &mut events);
                 if value.store_small(&lock) {
                     self.commit(events, before, Some(&lock));
                 } else {
@@ -147,7 +148,7 @@ impl<'a> LockKey<'a> {
                 r
             }
             None => {
-                let r = run(value.lock_mut());
+                let r = op(value.lock_mut(), &mut events);
                 self.commit(events, before, None);
                 r
             }
