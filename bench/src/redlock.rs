@@ -10,7 +10,8 @@ use redis::Value;
 use redis_lock_client::{Acquire, LockClient, Redlock, WaitStrategy};
 
 use crate::measure::flush;
-use crate::server::{lock_calls, Server};
+use crate::server::Server;
+use redis_lock_testkit::lock_calls;
 
 /// Per-server timeout of the clients measured (connecting and each reply of a short command).
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -166,10 +167,10 @@ pub fn contended(
                 .collect();
             thread::sleep(if round == 0 { settle } else { LATER_SETTLE });
             let measured = if round == 0 {
-                let before: Vec<f64> = stats.iter_mut().map(lock_calls).collect();
+                let before: Vec<f64> = stats.iter_mut().map(|c| lock_calls(c) as f64).collect();
                 let t = Instant::now();
                 thread::sleep(window);
-                let after: Vec<f64> = stats.iter_mut().map(lock_calls).collect();
+                let after: Vec<f64> = stats.iter_mut().map(|c| lock_calls(c) as f64).collect();
                 let secs = t.elapsed().as_secs_f64();
                 Some(
                     before

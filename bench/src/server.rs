@@ -106,20 +106,3 @@ pub fn command_usec(c: &mut Connection, commands: &[&str]) -> (f64, f64) {
 pub fn used_memory(c: &mut Connection) -> f64 {
     info_field(c, "memory", "used_memory").unwrap_or(0.0)
 }
-
-/// Calls of the module's commands so far (every `cmdstat_lock.*` of INFO commandstats).
-pub fn lock_calls(c: &mut Connection) -> f64 {
-    let text: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(c)
-        .expect("INFO commandstats");
-    parse_info(&text)
-        .iter()
-        .filter(|(k, _)| k.starts_with("cmdstat_lock."))
-        .filter_map(|(_, v)| {
-            v.split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse::<f64>().ok())
-        })
-        .sum()
-}

@@ -12,7 +12,7 @@ use common::*;
 
 use redis_lock_client::aio::AsyncRedlock;
 use redis_lock_client::{Acquire, LockError, Watchdog};
-use redis_lock_testkit::{holders, info_text, int, parse_info, Server, PATIENCE};
+use redis_lock_testkit::{holders, int, lock_calls, Server, PATIENCE};
 
 fn three() -> Vec<Server> {
     (0..3).map(|_| Server::start()).collect()
@@ -21,20 +21,6 @@ fn three() -> Vec<Server> {
 fn redlock(servers: &[Server]) -> AsyncRedlock {
     let urls: Vec<String> = servers.iter().map(url).collect();
     AsyncRedlock::new(&urls, TIMEOUT).unwrap()
-}
-
-/// Calls of the module's lock commands on a server so far (INFO commandstats).
-fn lock_calls(server: &Server) -> u64 {
-    let mut c = server.client();
-    parse_info(&info_text(&mut c, "commandstats"))
-        .iter()
-        .filter(|(k, _)| k.starts_with("cmdstat_lock."))
-        .filter_map(|(_, v)| {
-            v.split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -132,10 +118,16 @@ async fn tasks_sharing_one_redlock_take_turns_and_queued_waiters_are_quiet() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before: Vec<u64> = servers.iter().map(lock_calls).collect();
+    let before: Vec<u64> = servers
+        .iter()
+        .map(|s| lock_calls(&mut s.client()))
+        .collect();
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after: Vec<u64> = servers.iter().map(lock_calls).collect();
+    let after: Vec<u64> = servers
+        .iter()
+        .map(|s| lock_calls(&mut s.client()))
+        .collect();
     let secs = started.elapsed().as_secs_f64();
     for (b, a) in before.iter().zip(&after) {
         let per_waiter = (a - b) as f64 / secs / 2.0;

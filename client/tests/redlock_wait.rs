@@ -10,25 +10,10 @@ mod common;
 use common::*;
 
 use redis_lock_client::{Acquire, LockError, WaitStrategy};
-use redis_lock_testkit::{info_text, parse_info, Server, PATIENCE};
+use redis_lock_testkit::{lock_calls, Server, PATIENCE};
 
 fn three() -> Vec<Server> {
     (0..3).map(|_| Server::start()).collect()
-}
-
-/// Calls of the module's lock commands on a server so far (INFO commandstats).
-fn lock_calls(server: &Server) -> u64 {
-    let mut c = server.client();
-    let text = info_text(&mut c, "commandstats");
-    parse_info(&text)
-        .iter()
-        .filter(|(k, _)| k.starts_with("cmdstat_lock."))
-        .filter_map(|(_, v)| {
-            v.split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 #[test]
@@ -93,10 +78,10 @@ fn a_queued_waiter_gets_a_lock_whose_holder_lacked_the_designated_server() {
         })
     };
     thread::sleep(Duration::from_millis(500));
-    let before: u64 = lock_calls(&servers[1]);
+    let before: u64 = lock_calls(&mut servers[1].client());
     thread::sleep(Duration::from_secs(1));
     // Backing off: a few rounds a second, not a busy loop on the free server.
-    let rounds = lock_calls(&servers[1]) - before;
+    let rounds = lock_calls(&mut servers[1].client()) - before;
     assert!(rounds < 40, "{rounds} lock commands in a second");
     holder.release().unwrap();
     assert!(waiter.join().unwrap().unwrap() >= 2);
@@ -131,10 +116,16 @@ fn measure(strategy: WaitStrategy, waiters: usize, rounds: usize) -> (f64, Durat
             .collect();
         // Let the waiters settle into their waits.
         thread::sleep(Duration::from_millis(1500));
-        let before: Vec<u64> = servers.iter().map(lock_calls).collect();
+        let before: Vec<u64> = servers
+            .iter()
+            .map(|s| lock_calls(&mut s.client()))
+            .collect();
         let started = Instant::now();
         thread::sleep(Duration::from_secs(1));
-        let after: Vec<u64> = servers.iter().map(lock_calls).collect();
+        let after: Vec<u64> = servers
+            .iter()
+            .map(|s| lock_calls(&mut s.client()))
+            .collect();
         let secs = started.elapsed().as_secs_f64();
         // INFO itself is no lock command; every server's calls, per waiter and second.
         let worst = before

@@ -48,6 +48,20 @@ pub fn info_field(c: &mut Connection, field: &str) -> u64 {
     info_u64(c, "lock", &format!("lock_{field}"))
 }
 
+/// Calls of the module's commands on this server so far: every `cmdstat_lock.*` of INFO
+/// commandstats.
+pub fn lock_calls(c: &mut Connection) -> u64 {
+    parse_info(&info_text(c, "commandstats"))
+        .iter()
+        .filter(|(k, _)| k.starts_with("cmdstat_lock."))
+        .filter_map(|(_, v)| {
+            v.split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
 /// The server's `used_memory` (INFO memory), in bytes.
 pub fn used_memory(c: &mut Connection) -> i64 {
     info_u64(c, "memory", "used_memory") as i64
