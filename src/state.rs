@@ -221,6 +221,27 @@ pub const HOLD_BUCKETS_MS: [u64; 12] = [
     1, 5, 10, 50, 100, 500, 1_000, 5_000, 10_000, 60_000, 300_000, 3_600_000,
 ];
 
+/// A histogram of durations (ms) with fixed bucket bounds: how many samples fell in each bucket
+/// (each counted once, in the first bucket it fits; INFO shows them cumulative), how many in
+/// all (the `+Inf` bucket) and their sum.
+pub struct Histogram<const N: usize> {
+    pub bounds: [u64; N],
+    pub buckets: [Cell<u64>; N],
+    pub count: Cell<u64>,
+    pub sum: Cell<u64>,
+}
+
+impl<const N: usize> Histogram<N> {
+    pub const fn new(bounds: [u64; N]) -> Self {
+        Histogram {
+            bounds,
+            buckets: [const { Cell::new(0) }; N],
+            count: Cell::new(0),
+            sum: Cell::new(0),
+        }
+    }
+}
+
 /// The running totals and current-value figures of `INFO lock`.
 pub struct Counters {
     pub grants: Cell<u64>,
@@ -232,8 +253,6 @@ pub struct Counters {
     pub deadlocks: Cell<u64>,
     /// Requests with WAIT refused because a waiter limit was reached (`-MAXWAITERS`).
     pub queue_full: Cell<u64>,
-    /// Grants to queued waiters (hand-overs), a subset of `grants`.
-    pub handoffs: Cell<u64>,
     /// Immediate grants to an owner that already held the lock, a subset of `grants`.
     pub reentries: Cell<u64>,
     /// LOCK.RELEASE calls that dropped or decremented a hold.
@@ -242,15 +261,11 @@ pub struct Counters {
     pub extends: Cell<u64>,
     /// Grants given back because the waiter's connection closed before the reply reached it.
     pub given_back: Cell<u64>,
-    /// How long granted waiters waited (ms): count per bucket of `WAIT_BUCKETS_MS` (each
-    /// counted once, in the first bucket it fits), then the sum.
-    pub wait_buckets: [Cell<u64>; WAIT_BUCKETS_MS.len()],
-    pub wait_sum_ms: Cell<u64>,
-    /// How long holds lasted (ms) when they ended by release, expiry or disconnect: count per
-    /// bucket of `HOLD_BUCKETS_MS`, then the number of holds sampled and the sum.
-    pub hold_buckets: [Cell<u64>; HOLD_BUCKETS_MS.len()],
-    pub holds_ended: Cell<u64>,
-    pub hold_sum_ms: Cell<u64>,
+    /// How long granted waiters waited: one sample per grant to a queued waiter, so its
+    /// count is the hand-overs (a subset of `grants`).
+    pub waits: Histogram<{ WAIT_BUCKETS_MS.len() }>,
+    /// How long holds lasted when they ended by release, expiry or disconnect.
+    pub holds: Histogram<{ HOLD_BUCKETS_MS.len() }>,
     pub locks_held: Cell<u64>,
     pub readers: Cell<u64>,
     pub writers: Cell<u64>,
@@ -267,16 +282,12 @@ impl Counters {
             disconnects: Cell::new(0),
             deadlocks: Cell::new(0),
             queue_full: Cell::new(0),
-            handoffs: Cell::new(0),
             reentries: Cell::new(0),
             releases: Cell::new(0),
             extends: Cell::new(0),
             given_back: Cell::new(0),
-            wait_buckets: [const { Cell::new(0) }; WAIT_BUCKETS_MS.len()],
-            wait_sum_ms: Cell::new(0),
-            hold_buckets: [const { Cell::new(0) }; HOLD_BUCKETS_MS.len()],
-            holds_ended: Cell::new(0),
-            hold_sum_ms: Cell::new(0),
+            waits: Histogram::new(WAIT_BUCKETS_MS),
+            holds: Histogram::new(HOLD_BUCKETS_MS),
             locks_held: Cell::new(0),
             readers: Cell::new(0),
             writers: Cell::new(0),

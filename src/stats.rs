@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use redis_lock_core::{Lock, Mode};
 
-use crate::state::{with_counters, with_waiters, HOLD_BUCKETS_MS, WAIT_BUCKETS_MS};
+use crate::state::{with_counters, with_waiters, Histogram, HOLD_BUCKETS_MS, WAIT_BUCKETS_MS};
 use crate::sys::info::InfoSource;
 
 pub use crate::state::with_fences;
@@ -116,31 +116,44 @@ pub fn count_given_back() {
 }
 
 /// A queued waiter was granted after waiting `waited_ms`: a hand-over, and a sample of the
-/// wait-time histogram (one bucket bumped; the cumulative counts are summed when shown).
+/// wait-time histogram.
 pub fn count_handoff(waited_ms: u64) {
-    with_counters(|c| {
-        bump(&c.handoffs, 1);
-        bump(&c.wait_sum_ms, waited_ms);
-        if let Some(i) = WAIT_BUCKETS_MS.iter().position(|le| waited_ms <= *le) {
-            if let Some(bucket) = c.wait_buckets.get(i) {
-                bump(bucket, 1);
-            }
-        }
-    });
+    with_counters(|c| sample(&c.waits, waited_ms));
 }
 
 /// A hold ended (released, expired or disconnected) after `held_ms`: a sample of the hold-time
 /// histogram.
 pub fn count_hold_end(held_ms: u64) {
-    with_counters(|c| {
-        bump(&c.holds_ended, 1);
-        bump(&c.hold_sum_ms, held_ms);
-        if let Some(i) = HOLD_BUCKETS_MS.iter().position(|le| held_ms <= *le) {
-            if let Some(bucket) = c.hold_buckets.get(i) {
-                bump(bucket, 1);
-            }
+    with_counters(|c| sample(&c.holds, held_ms));
+}
+
+/// Adds one sample to `h` (one bucket bumped; the cumulative counts are summed when shown).
+fn sample<const N: usize>(h: &Histogram<N>, ms: u64) {
+    bump(&h.count, 1);
+    bump(&h.sum, ms);
+    if let Some(i) = h.bounds.iter().position(|le| ms <= *le) {
+        if let Some(bucket) = h.buckets.get(i) {
+            bump(bucket, 1);
         }
-    });
+    }
+}
+
+/// Shows `h` as INFO fields: the cumulative buckets under `names` (as Prometheus histograms
+/// have them, each counting every sample up to its bound), then `<prefix>_count` and
+/// `<prefix>_sum`.
+fn add_histogram<const N: usize>(
+    add: &mut dyn FnMut(&'static str, u64),
+    h: &Histogram<N>,
+    names: &[&'static str; N],
+    count_and_sum: [&'static str; 2],
+) {
+    let mut cumulative = 0u64;
+    for (name, bucket) in names.iter().zip(h.buckets.iter()) {
+        cumulative = cumulative.saturating_add(bucket.get());
+        add(name, cumulative);
+    }
+    add(count_and_sum[0], h.count.get());
+    add(count_and_sum[1], h.sum.get());
 }
 
 pub fn count_expirations(n: u64) {
@@ -221,7 +234,7 @@ impl InfoSource for InfoFields {
             add("expirations_total", c.expirations.get());
             add("disconnects_total", c.disconnects.get());
             add("deadlocks_total", c.deadlocks.get());
-            add("handoffs_total", c.handoffs.get());
+            add("handoffs_total", c.waits.count.get());
             add("reentries_total", c.reentries.get());
             add("releases_total", c.releases.get());
             add("extends_total", c.extends.get());
@@ -229,22 +242,18 @@ impl InfoSource for InfoFields {
             add("given_back_total", c.given_back.get());
             add("oldest_wait_ms", oldest);
             add("longest_queue", longest);
-            // Cumulative, as Prometheus histograms are: each bucket counts every wait up to
-            // its bound; `wait_ms_count` is the +Inf bucket.
-            let mut cumulative = 0u64;
-            for (name, bucket) in WAIT_BUCKET_NAMES.iter().zip(c.wait_buckets.iter()) {
-                cumulative = cumulative.saturating_add(bucket.get());
-                add(name, cumulative);
-            }
-            add("wait_ms_count", c.handoffs.get());
-            add("wait_ms_sum", c.wait_sum_ms.get());
-            let mut cumulative = 0u64;
-            for (name, bucket) in HOLD_BUCKET_NAMES.iter().zip(c.hold_buckets.iter()) {
-                cumulative = cumulative.saturating_add(bucket.get());
-                add(name, cumulative);
-            }
-            add("hold_ms_count", c.holds_ended.get());
-            add("hold_ms_sum", c.hold_sum_ms.get());
+            add_histogram(
+                add,
+                &c.waits,
+                &WAIT_BUCKET_NAMES,
+                ["wait_ms_count", "wait_ms_sum"],
+            );
+            add_histogram(
+                add,
+                &c.holds,
+                &HOLD_BUCKET_NAMES,
+                ["hold_ms_count", "hold_ms_sum"],
+            );
         });
     }
 }
