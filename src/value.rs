@@ -30,9 +30,10 @@ pub struct ArmedTimer {
     pub key_hash: u64,
 }
 
-/// The longest owner a lock stored compactly keeps inline. 32 bytes is a hex UUID, what
-/// redis-py's `Lock` and most clients use; a longer owner makes the value the full form.
-pub const COMPACT_OWNER: usize = 32;
+/// The longest owner a lock stored compactly keeps inline; a longer owner makes the value the
+/// full form. The core's limit for a lone holder's inline owner, so that unpacking a compact
+/// value onto the stack never allocates.
+pub const COMPACT_OWNER: usize = redis_lock_core::INLINE_OWNER;
 
 /// What one lock key holds: the lock, and the Redis-side bookkeeping for it (its timer).
 ///

@@ -82,8 +82,9 @@ enum OwnerBytes {
     Heap(Box<[u8]>),
 }
 
-/// The longest owner [`OwnerBytes`] keeps inline.
-const INLINE_OWNER: usize = 32;
+/// The longest owner a lone holder keeps inline (no allocation for it). 32 bytes is a hex
+/// UUID, what redis-py's `Lock` and most clients use.
+pub const INLINE_OWNER: usize = 32;
 
 impl OwnerBytes {
     fn new(owner: &[u8]) -> Self {

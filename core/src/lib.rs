@@ -30,7 +30,7 @@ pub mod reference;
 mod tests;
 
 pub use deadlock::{closes_cycle, Blocker, WaitView};
-pub use holders::{Holder, HolderSet, PackedOptions};
+pub use holders::{Holder, HolderSet, PackedOptions, INLINE_OWNER};
 pub use queue::{WaitQueue, Waiter};
 
 /// Milliseconds: a duration or an absolute Unix time, as Redis's `mstime()`.
