@@ -15,11 +15,6 @@ use redis_lock_testkit::*;
 /// A TTL far longer than any test.
 const LONG: &str = "600000";
 
-/// The server computes expiries on its millisecond wall clock (`now_ms + ttl`, truncated), so
-/// a lease can end up to 1 ms before `sent + ttl` measured on this process's monotonic clock;
-/// one more ms covers the two clocks drifting during a run (as in tests/stress.rs).
-const CLOCK_MARGIN: Duration = Duration::from_millis(2);
-
 /// STRESS_SECONDS, default 10 for this file.
 fn stress_seconds() -> u64 {
     std::env::var("STRESS_SECONDS")

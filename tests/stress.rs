@@ -26,10 +26,6 @@ use std::time::{Duration, Instant};
 use redis_lock_testkit::*;
 
 const KEYS: usize = 4;
-/// The server computes expiries on its millisecond wall clock (`now_ms + ttl`, truncated), so
-/// a lease can end up to 1 ms before `sent + ttl` measured on this process's monotonic clock;
-/// one more ms covers the two clocks drifting during a run.
-const CLOCK_MARGIN: Duration = Duration::from_millis(2);
 const WORKERS: usize = 12;
 
 /// A small deterministic PRNG (xorshift64*), seeded per worker.

@@ -27,6 +27,13 @@ pub use waiter::*;
 /// Generous bound for "eventually" conditions on a shared 2-core machine.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// How early the server may end a hold, by this process's clock. The server computes deadlines
+/// on its millisecond wall clock (`now_ms + ttl`, with `now_ms` truncated), so a TTL or a lock
+/// delay can end up to 1 ms before `sent + ttl` measured on this process's monotonic clock; one
+/// more ms covers the two clocks drifting apart during a run (NTP slews the wall clock).
+/// Lower bounds on "not before" times subtract it.
+pub const CLOCK_MARGIN: Duration = Duration::from_millis(2);
+
 /// Polls `cond` until it holds, failing after [`PATIENCE`].
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
