@@ -619,7 +619,7 @@ pub fn check_invariants(lock: &Lock, now: Millis) -> Result<(), String> {
 /// events, by owner: holds that end in one operation (at one connection's close, or all due
 /// at one look at the clock) may be reported in any order, which nothing downstream observes
 /// (the module sorts the owners it replicates, and a keyspace event names only the key).
-fn sort_disconnect_runs(events: &mut [MEvent]) {
+fn sort_simultaneous_ends(events: &mut [MEvent]) {
     let key = |e: &MEvent| match e {
         MEvent::Disconnected { owner, .. } => Some((0, *owner)),
         MEvent::Expired { owner, .. } => Some((1, *owner)),
@@ -947,9 +947,9 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
             lock.delay_until(),
             "op {n}: the delay events disagree with the lock"
         );
-        sort_disconnect_runs(&mut reported);
+        sort_simultaneous_ends(&mut reported);
         let mut expected = std::mem::take(&mut model.events);
-        sort_disconnect_runs(&mut expected);
+        sort_simultaneous_ends(&mut expected);
         ensure_eq!(reported, expected, "op {n}: {op:?}, events");
 
         // Every hold has the options its request asked for (a bound waiter's its own
