@@ -1,4 +1,5 @@
-//! Module configuration (`CONFIG GET/SET lock.<name>`, or `loadmodule ... <name> <value>`).
+//! Module configuration (`CONFIG GET/SET lock.<name>`, `lock.<name>` config-file lines, or
+//! `loadmodule ... <name> <value>`, which sets the default: see `LOAD_ARGS`).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -21,26 +22,79 @@ pub fn max_total_waiters() -> usize {
     usize::try_from(MAX_TOTAL_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
 }
 
-/// Applies `loadmodule <path> [max-waiters N] [max-total-waiters N]` arguments. (In
-/// redis.conf, `lock.max-waiters N` lines after the loadmodule line work too, through Redis's
-/// own module config loading.)
-pub fn apply_load_args(args: &[&[u8]]) -> Result<(), String> {
+/// What a module argument on the `loadmodule` line may hold.
+#[derive(Clone, Copy, Debug)]
+pub enum ArgKind {
+    /// An integer in `min..=max`.
+    Integer { min: i64, max: i64 },
+    /// `yes` or `no`.
+    #[allow(dead_code)] // until a bool config exists
+    Bool,
+}
+
+/// Every module argument: a config's name without the `lock.` prefix.
+///
+/// The rule (the one `MODULE LOADEX ... CONFIG ... ARGS ...` follows): a load-line argument
+/// sets the config's *default*; a `lock.<name>` line in the config file, `CONFIG SET` and
+/// `MODULE LOADEX ... CONFIG` override it. So a value that `CONFIG SET` + `CONFIG REWRITE`
+/// saved (REWRITE writes a `lock.<name>` line whenever the value differs from that default)
+/// is the value after the next restart, although the load line is rewritten unchanged.
+/// The crate applies the arguments as defaults (`module_args_as_configuration`); it matches
+/// names exactly and does not check ranges, so `check_load_args` refuses every argument it
+/// would read differently, and the load fails with the reason in the log.
+pub const LOAD_ARGS: &[(&str, ArgKind)] = &[
+    (
+        "max-waiters",
+        ArgKind::Integer {
+            min: 1,
+            max: MAX_MAX_WAITERS,
+        },
+    ),
+    (
+        "max-total-waiters",
+        ArgKind::Integer {
+            min: 1,
+            max: MAX_MAX_WAITERS,
+        },
+    ),
+];
+
+/// Checks `loadmodule <path> [name value ...]` arguments against `LOAD_ARGS`: known names
+/// (exactly as listed), each at most once, values of the right kind and range.
+pub fn check_load_args(args: &[&[u8]]) -> Result<(), String> {
+    let mut seen: Vec<&str> = Vec::new();
     let mut rest = args;
     while let [name, value, tail @ ..] = rest {
-        let (label, target) = if name.eq_ignore_ascii_case(b"max-waiters") {
-            ("max-waiters", &MAX_WAITERS)
-        } else if name.eq_ignore_ascii_case(b"max-total-waiters") {
-            ("max-total-waiters", &MAX_TOTAL_WAITERS)
-        } else {
-            return Err(format!(
-                "unknown module argument {:?}",
-                String::from_utf8_lossy(name)
-            ));
+        let Some((label, kind)) = LOAD_ARGS.iter().find(|(n, _)| n.as_bytes() == *name) else {
+            let shown = String::from_utf8_lossy(name);
+            let hint = match LOAD_ARGS
+                .iter()
+                .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+            {
+                Some((n, _)) => format!(" (names are lowercase: {n})"),
+                None => {
+                    let known: Vec<&str> = LOAD_ARGS.iter().map(|(n, _)| *n).collect();
+                    format!(" (known: {})", known.join(", "))
+                }
+            };
+            return Err(format!("unknown module argument {shown:?}{hint}"));
         };
-        let n = redis_lock_core::parse::parse_i64(value)
-            .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
-            .ok_or_else(|| format!("{label} must be an integer from 1 to {MAX_MAX_WAITERS}"))?;
-        target.store(n, Ordering::Relaxed);
+        if seen.contains(label) {
+            return Err(format!("module argument {label} is given twice"));
+        }
+        seen.push(label);
+        match *kind {
+            ArgKind::Integer { min, max } => {
+                redis_lock_core::parse::parse_i64(value)
+                    .filter(|n| (min..=max).contains(n))
+                    .ok_or_else(|| format!("{label} must be an integer from {min} to {max}"))?;
+            }
+            ArgKind::Bool => {
+                if *value != b"yes" && *value != b"no" {
+                    return Err(format!("{label} must be yes or no"));
+                }
+            }
+        }
         rest = tail;
     }
     if !rest.is_empty() {
@@ -55,12 +109,26 @@ mod tests {
 
     #[test]
     fn load_arguments_are_validated() {
-        assert!(apply_load_args(&[]).is_ok());
-        assert!(apply_load_args(&[b"max-waiters", b"0"]).is_err());
-        assert!(apply_load_args(&[b"max-waiters"]).is_err());
-        assert!(apply_load_args(&[b"other", b"1"]).is_err());
-        assert!(apply_load_args(&[b"max-waiters", b"12"]).is_ok());
-        assert_eq!(max_waiters(), 12);
-        MAX_WAITERS.store(DEFAULT_MAX_WAITERS, Ordering::Relaxed);
+        assert!(check_load_args(&[]).is_ok());
+        assert!(check_load_args(&[b"max-waiters", b"12"]).is_ok());
+        assert!(check_load_args(&[b"max-waiters", b"12", b"max-total-waiters", b"9"]).is_ok());
+        assert!(check_load_args(&[b"max-waiters", b"0"]).is_err());
+        assert!(check_load_args(&[b"max-waiters", b"2147483649"]).is_err());
+        assert!(check_load_args(&[b"max-waiters", b"x"]).is_err());
+        assert!(check_load_args(&[b"max-waiters"]).is_err());
+        assert!(check_load_args(&[b"other", b"1"]).is_err());
+        assert!(check_load_args(&[b"max-waiters", b"1", b"max-waiters", b"2"]).is_err());
+        let upper = check_load_args(&[b"MAX-WAITERS", b"5"]).unwrap_err();
+        assert!(upper.contains("lowercase: max-waiters"), "{upper}");
+    }
+
+    #[test]
+    fn every_load_argument_is_a_registered_name() {
+        for (name, kind) in LOAD_ARGS {
+            assert!(!name.starts_with("lock."), "{name}");
+            if let ArgKind::Integer { min, max } = kind {
+                assert!(min <= max, "{name}");
+            }
+        }
     }
 }

@@ -63,7 +63,9 @@ mod module {
         api::check()?;
         context::init_detached_context(ctx);
         let words: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-        crate::config::apply_load_args(&words)?;
+        // The crate already applied them as the configs' defaults (before this runs); here they
+        // are only checked, so a bad one fails the load with its reason.
+        crate::config::check_load_args(&words)?;
         // Tokens start above the clock's floor: above anything an earlier run of this server
         // issued, saved or not (an RDB or AOF loaded next can only raise the counter).
         stats::raise_fences_to_clock();
@@ -116,7 +118,7 @@ mod module {
             string: [],
             bool: [],
             enum: [],
-            module_args_as_configuration: false,
+            module_args_as_configuration: true,
         ]
     }
 }

@@ -82,6 +82,7 @@ pub struct ServerBuilder {
     args: Vec<String>,
     valgrind: bool,
     dir_prefix: String,
+    config_text: Option<String>,
 }
 
 impl Default for ServerBuilder {
@@ -105,6 +106,7 @@ impl ServerBuilder {
             args: Vec::new(),
             valgrind: std::env::var_os("REDIS_LOCK_VALGRIND").is_some(),
             dir_prefix: "redis-lock-test".to_string(),
+            config_text: None,
         }
     }
 
@@ -146,6 +148,15 @@ impl ServerBuilder {
     /// The start of the name of the server's temporary directory.
     pub fn dir_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.dir_prefix = prefix.into();
+        self
+    }
+
+    /// Starts the server from a config file with this text (written to `redis.conf` in the
+    /// server's directory at the first start, and kept as the server rewrites it, so a restart
+    /// reads what `CONFIG REWRITE` left). The text loads the module itself (`loadmodule` line):
+    /// the command line then has no `--loadmodule`.
+    pub fn config_text(mut self, text: impl Into<String>) -> Self {
+        self.config_text = Some(text.into());
         self
     }
 
@@ -216,16 +227,26 @@ impl ServerBuilder {
             ]);
         }
         program.push(self.binary.clone().into());
+        if let Some(text) = &self.config_text {
+            let file = dir.join("redis.conf");
+            if !file.exists() {
+                std::fs::write(&file, text).map_err(|e| {
+                    SpawnError::Fatal(format!("config file {}: {e}", file.display()))
+                })?;
+            }
+            program.push(file.into());
+        }
         let mut cmd = Command::new(&program[0]);
         cmd.args(&program[1..])
             .arg("--port")
             .arg(port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(dir)
-            .arg("--loadmodule")
-            .arg(&self.module)
-            .args(&self.args)
+            .arg(dir);
+        if self.config_text.is_none() {
+            cmd.arg("--loadmodule").arg(&self.module);
+        }
+        cmd.args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = cmd.spawn().map_err(|e| {
