@@ -1,6 +1,6 @@
 //! Module configuration (`CONFIG GET/SET lock.<name>`, or `loadmodule ... <name> <value>`).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// `lock.max-waiters`: how many clients may queue on one lock. A request that would queue
 /// beyond it gets an error instead of blocking.
@@ -19,6 +19,16 @@ pub const DEFAULT_MAX_TOTAL_WAITERS: i64 = 1_000_000;
 
 pub fn max_total_waiters() -> usize {
     usize::try_from(MAX_TOTAL_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+}
+
+/// `lock.refuse-when-evictable` (default no): refuse new holds (LOCK.ACQUIRE, LOCK.RWREAD,
+/// LOCK.SEMACQUIRE) while the server's maxmemory settings let it evict lock keys.
+pub static REFUSE_WHEN_EVICTABLE: AtomicBool = AtomicBool::new(DEFAULT_REFUSE_WHEN_EVICTABLE);
+pub const DEFAULT_REFUSE_WHEN_EVICTABLE: bool = false;
+
+#[inline]
+pub fn refuse_when_evictable() -> bool {
+    REFUSE_WHEN_EVICTABLE.load(Ordering::Relaxed)
 }
 
 /// Applies `loadmodule <path> [max-waiters N] [max-total-waiters N]` arguments. (In
