@@ -113,3 +113,41 @@ pub fn take_to_notify(db: i32, key: &[u8]) -> usize {
 pub fn forget_pending() {
     with_eviction(|e| e.to_notify.clear());
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    #[test]
+    fn only_an_evicted_notification_right_after_the_unlink_is_an_eviction() {
+        // A DEL: its own notification comes after the unlink and forgets it.
+        note_unlinked(0, b"k");
+        assert!(!on_notification(0, b"del", b"k"));
+        assert!(
+            !on_notification(0, b"evicted", b"k"),
+            "a later string of that name"
+        );
+        // Another key, or the same name in another database, is not the lock's.
+        note_unlinked(0, b"k");
+        assert!(!on_notification(1, b"evicted", b"k"));
+        assert!(!on_notification(0, b"evicted", b"other"));
+        // The eviction itself, counted once and notified once.
+        assert!(on_notification(0, b"evicted", b"k"));
+        assert!(!on_notification(0, b"evicted", b"k"));
+        assert_eq!(take_to_notify(0, b"k"), 1);
+        assert_eq!(take_to_notify(0, b"k"), 0);
+    }
+
+    #[test]
+    fn the_refusal_needs_the_option_and_both_flags() {
+        let evicting = ContextFlags::MAXMEMORY | ContextFlags::EVICTED;
+        assert_eq!(refusal(&evicting), None, "off by default");
+        config::REFUSE_WHEN_EVICTABLE.store(true, Ordering::Relaxed);
+        assert_eq!(refusal(&evicting), Some(EVICTABLE_REFUSED));
+        assert_eq!(refusal(&ContextFlags::MAXMEMORY), None, "noeviction");
+        assert_eq!(refusal(&ContextFlags::EVICTED), None, "maxmemory 0");
+        config::REFUSE_WHEN_EVICTABLE.store(false, Ordering::Relaxed);
+    }
+}
