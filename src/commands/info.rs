@@ -1,5 +1,5 @@
 //! LOCK.INFO: a lock's mode, fence, holders, queue and lock-delay (read-only; also on
-//! replicas).
+//! replicas), and the queue of a key that reads as absent while clients wait on it.
 
 use std::collections::BTreeMap;
 
@@ -49,7 +49,7 @@ impl Command for Info {
                 ])
             })
             .collect();
-        let queue: Vec<(WaiterId, &Waiter)> = lock.queue().iter().map(|(id, w)| (id, w)).collect();
+        let queue: Vec<(WaiterId, &Waiter)> = lock.queue().iter().collect();
         let capacity = match lock.kind() {
             Kind::Semaphore(capacity) => Some(capacity),
             _ => None,
@@ -86,11 +86,11 @@ struct Fields<'a> {
 /// the settling of its waiters. Those waiters are shown on a free lock (every holder's TTL
 /// has passed), with the fence the key had when it last changed. Nil when nobody waits.
 fn queued_on_absent_key(ctx: &Context, key: &[u8], now: u64) -> RedisValue {
-    let waiting = waiters::queued_at(context::selected_db(ctx), key);
+    let db = context::selected_db(ctx);
+    let waiting = waiters::queued_at(db, key);
     if waiting.is_empty() {
         return RedisValue::Null;
     }
-    let db = context::selected_db(ctx);
     let queue: Vec<(WaiterId, &Waiter)> = waiting.iter().map(|(id, w)| (*id, w)).collect();
     // Permit requests carry the semaphore's capacity.
     let capacity = waiting
