@@ -260,22 +260,54 @@ fn evicted_locks_are_counted_notified_and_their_waiters_served_under_volatile_tt
 }
 
 #[test]
-fn a_deleted_lock_is_not_counted_as_evicted() {
+fn a_pending_lock_delay_evicted_is_counted_and_a_deleted_lock_is_not() {
     let server = Server::start();
     let mut c = server.client();
+    config_set(&mut c, "notify-keyspace-events", "Ed");
     hold_locks(&mut c, 2);
+    // A hold whose lease ran out, leaving its lock-delay pending: nobody holds it, yet the key
+    // keeps the lock from being granted until the delay ends.
+    int(
+        &mut c,
+        &["LOCK.ACQUIRE", "delayed", "o", "50", "LOCKDELAY", LONG],
+    );
+    wait_until("the hold expires, the delay runs", || {
+        info(&mut c, "delayed").is_some_and(|m| value_text(&m["mode"]) == "free")
+    });
     int(&mut c, &["DEL", "lock:0"]);
     // A string of the same name, evicted later, was never a lock.
     query(&mut c, &["SET", "lock:0", "x"]).unwrap();
+    let mut sub_conn = server.client();
+    sub_conn
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut pubsub = sub_conn.as_pubsub();
+    pubsub.subscribe("__keyevent@0__:lock.evicted").unwrap();
+
     let limit = used_memory_now(&mut c) + 1024 * 1024;
     config_set(&mut c, "maxmemory", &limit.to_string());
     config_set(&mut c, "maxmemory-policy", "allkeys-random");
     fill_until(&mut c, 400_000, |c| {
-        matches!(query(c, &["EXISTS", "lock:0", "lock:1"]), Ok(Value::Int(0)))
+        matches!(
+            query(c, &["EXISTS", "lock:0", "lock:1", "delayed"]),
+            Ok(Value::Int(0))
+        )
     });
     config_set(&mut c, "maxmemory", "0");
-    // Both were evicted; only lock:1 was a lock then.
-    assert_eq!(info_field(&mut c, "evicted_total"), 1);
+    // All three were evicted; lock:1 (held) and delayed (a pending delay) were locks then.
+    assert_eq!(info_field(&mut c, "evicted_total"), 2);
+    let mut keys: Vec<String> = (0..2)
+        .map(|_| {
+            pubsub
+                .get_message()
+                .expect("lock.evicted")
+                .get_payload()
+                .unwrap()
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["delayed", "lock:1"]);
+    assert!(pubsub.get_message().is_err(), "no other lock.evicted");
 }
 
 #[test]
