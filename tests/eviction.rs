@@ -488,3 +488,23 @@ fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it()
     query(&mut c, &["CLIENT", "UNPAUSE"]).unwrap();
     assert!(waiter.token() > token);
 }
+
+#[test]
+fn a_replica_that_ignores_maxmemory_warns_when_it_is_promoted() {
+    let memory = ["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"];
+    let master = Server::start_with(&memory);
+    let log = log_path("replica");
+    let logfile = log.to_string_lossy().to_string();
+    let port = master.port.to_string();
+    let mut args = memory.to_vec();
+    args.extend(["--logfile", &logfile, "--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&args);
+    let mut r = replica.client();
+    wait_for_link(&mut r);
+    // replica-ignore-maxmemory yes (the default): the replica evicts nothing on its own.
+    assert_eq!(info_field(&mut r, "evictable"), 0);
+    assert_eq!(warnings_in(&log), 0, "{}", log_text(&log));
+    query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
+    wait_until("a warning on promotion", || warnings_in(&log) == 1);
+    assert_eq!(info_field(&mut r, "evictable"), 1);
+}
