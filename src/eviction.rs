@@ -10,11 +10,15 @@
 //! - `lock.refuse-when-evictable` refuses new holds while the server can evict.
 //!
 //! Telling an eviction from a DEL: Redis 7.0 and Valkey 8 both remove the key first (the
-//! data type's unlink callback runs then) and send the `evicted` keyspace notification right
-//! after, with no module code in between. So the unlink notes the key of every non-empty lock
-//! value that leaves, and an `evicted` notification for that same key is an eviction of it.
-//! Any other notification for the key (a `del`, `rename_from`, ...) forgets the note, so a
-//! later eviction of a key of another type under the same name is not taken for a lock's.
+//! data type's unlink callback, then its free) and send the `evicted` keyspace notification
+//! right after, with no other module callback in between. So the unlink notes the key of every
+//! non-empty lock value that leaves, and an `evicted` notification for that same key is an
+//! eviction of it. A generic-class notification for the key (`del`, `rename_from`, ...)
+//! forgets the note, so a later eviction of a key of another type under the same name is not
+//! taken for a lock's. Not seen: a lock key removed by Redis's expiry or overwritten by
+//! another type's command (classes the module does not subscribe to: that would cost a
+//! callback on every write of the server), whose name, then holding another type, is evicted
+//! before any other lock value leaves; that eviction is counted as a lock's.
 
 use redis_module::{Context, ContextFlags};
 
