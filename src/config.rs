@@ -1,7 +1,7 @@
 //! Module configuration (`CONFIG GET/SET lock.<name>`, `lock.<name>` config-file lines, or
 //! `loadmodule ... <name> <value>`, which sets the default: see `LOAD_ARGS`).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// `lock.max-waiters`: how many clients may queue on one lock. A request that would queue
 /// beyond it gets an error instead of blocking.
@@ -22,13 +22,22 @@ pub fn max_total_waiters() -> usize {
     usize::try_from(MAX_TOTAL_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
 }
 
+/// `lock.refuse-when-evictable` (default no): refuse new holds (LOCK.ACQUIRE, LOCK.RWREAD,
+/// LOCK.SEMACQUIRE) while the server's maxmemory settings let it evict lock keys.
+pub static REFUSE_WHEN_EVICTABLE: AtomicBool = AtomicBool::new(DEFAULT_REFUSE_WHEN_EVICTABLE);
+pub const DEFAULT_REFUSE_WHEN_EVICTABLE: bool = false;
+
+#[inline]
+pub fn refuse_when_evictable() -> bool {
+    REFUSE_WHEN_EVICTABLE.load(Ordering::Relaxed)
+}
+
 /// What a module argument on the `loadmodule` line may hold.
 #[derive(Clone, Copy, Debug)]
 pub enum ArgKind {
     /// An integer in `min..=max`.
     Integer { min: i64, max: i64 },
     /// `yes` or `no`.
-    #[allow(dead_code)] // until a bool config exists
     Bool,
 }
 
@@ -57,6 +66,7 @@ pub const LOAD_ARGS: &[(&str, ArgKind)] = &[
             max: MAX_MAX_WAITERS,
         },
     ),
+    ("refuse-when-evictable", ArgKind::Bool),
 ];
 
 /// Checks `loadmodule <path> [name value ...]` arguments against `LOAD_ARGS`: known names

@@ -11,6 +11,9 @@
 //! telling anyone, SWAPDB moves them), never missing: a key gets waiters, and holders beside
 //! waiters, only through a commit. A stale entry costs one unneeded check, never a wrong
 //! answer.
+//!
+//! Beside the owners it keeps each such key's fence, for LOCK.INFO to show while the key
+//! cannot be read (a TTL that passed during a client pause).
 
 use redis_lock_core::Lock;
 
@@ -37,6 +40,9 @@ pub fn update(db: i32, key: &[u8], lock: &Lock, had_waiters: bool, changed: &[Bo
                 }
             }
         }
+    }
+    if has_waiters {
+        note_fence(db, key, lock.fence());
     }
 }
 
@@ -71,10 +77,23 @@ fn remove(db: i32, key: &[u8], owner: &[u8]) {
     });
 }
 
+fn note_fence(db: i32, key: &[u8], fence: u64) {
+    with_contended(|c| {
+        let place: DbKey = (db, key.into());
+        c.fences.insert(place, fence);
+    });
+}
+
+/// The fence of (`db`, `key`) as of its last change while it had waiters.
+pub fn fence_of(db: i32, key: &[u8]) -> Option<u64> {
+    with_contended(|c| c.fences.get(&(db, Box::<[u8]>::from(key))).copied())
+}
+
 /// (`db`, `key`) has no waiters any more, or is gone.
 pub fn forget(db: i32, key: &[u8]) {
     with_contended(|c| {
         let place: DbKey = (db, key.into());
+        c.fences.remove(&place);
         let Some(owners) = c.by_key.remove(&place) else {
             return;
         };

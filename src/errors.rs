@@ -52,3 +52,6 @@ pub fn refusal_text(refusal: Acquired) -> &'static str {
 
 pub const WAITER_WRONG_KIND: &str =
     "WRONGKIND the key was replaced by one of the other kind (a lock for a semaphore or the reverse) while this request waited";
+
+pub const EVICTABLE_REFUSED: &str =
+    "ERR lock.refuse-when-evictable is on and the server can evict keys (maxmemory is set and maxmemory-policy is not noeviction), so a lock could vanish: set maxmemory-policy noeviction, or turn the option off";

@@ -7,7 +7,7 @@ use crate::keys::LockKey;
 use crate::sys::events::{EventHandler, ServerEvent};
 use crate::sys::scan::for_each_key_of;
 use crate::value::LOCK_TYPE;
-use crate::{bound, settle, stats, waiters};
+use crate::{bound, eviction, settle, stats, waiters};
 
 /// The module's [`EventHandler`].
 pub struct Events;
@@ -50,14 +50,22 @@ impl EventHandler for Events {
                 stats::raise_fences_to_clock();
                 orphan_bound_holds(ctx);
                 for_each_key_of(ctx, &LOCK_TYPE, &[], settle::mark_dirty);
+                // A replica that ignored maxmemory now applies it.
+                eviction::recheck(ctx);
             }
+            ServerEvent::BecameReplica => eviction::recheck(ctx),
+            ServerEvent::ConfigChanged { memory: true } => eviction::recheck(ctx),
+            ServerEvent::ConfigChanged { memory: false } => {}
         }
     }
 
     /// A lock value that arrives under a new name (RENAME, MOVE, COPY, RESTORE) needs its
-    /// timer re-armed there.
+    /// timer re-armed there. An evicted lock key is counted, then notified and its waiters
+    /// served when it is settled.
     fn on_keyspace_event(_ctx: &Context, db: i32, event: &[u8], key: &[u8]) {
-        if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
+        if eviction::on_notification(db, event, key)
+            || matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore")
+        {
             settle::mark_dirty(db, key);
         }
     }

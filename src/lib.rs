@@ -10,7 +10,8 @@
 //! - `waiters` (blocked clients), `timers` (holder expiry), `settle` (waiters and timers after
 //!   Redis moved or removed a key), `events` (where server events lead), `replication`
 //!   (effects to replicas and the AOF), `datatype` (the data type and its RDB codec), `value`
-//!   (what a key holds), `stats` (fencing counter and INFO figures), `config`.
+//!   (what a key holds), `stats` (fencing counter and INFO figures), `config`, `eviction`
+//!   (the server's maxmemory eviction made visible, and refusable).
 //! - `sys/`: every `unsafe` block and raw call, importing nothing from the rest of the crate.
 //!
 //! The one recursion the domain has: `keys::LockKey::commit` arms a timer (`timers`), and a
@@ -29,6 +30,7 @@ mod datatype;
 mod deadlock;
 mod errors;
 mod events;
+mod eviction;
 mod keys;
 mod metadata;
 mod replication;
@@ -77,6 +79,8 @@ mod module {
         commands::debug::register(ctx)?;
         events::subscribe::<crate::events::Events>(ctx)?;
         info::register::<stats::InfoFields>(ctx);
+        // maxmemory and its policy come from the config file, read before modules load.
+        crate::eviction::check_at_load();
         ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
         Ok(())
     }
@@ -116,7 +120,15 @@ mod module {
             ],
             // The crate's macro wants every kind listed when any is.
             string: [],
-            bool: [],
+            bool: [
+                [
+                    "refuse-when-evictable",
+                    &crate::config::REFUSE_WHEN_EVICTABLE,
+                    crate::config::DEFAULT_REFUSE_WHEN_EVICTABLE,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
+            ],
             enum: [],
             module_args_as_configuration: true,
         ]

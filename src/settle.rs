@@ -22,7 +22,7 @@ use crate::state;
 use crate::sys::context;
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
-use crate::{bound, contention, errors, stats, waiters};
+use crate::{bound, contention, errors, eviction, stats, waiters};
 use redis_lock_core::Lock;
 
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
@@ -33,12 +33,19 @@ pub fn mark_dirty(db: i32, key: &[u8]) {
 
 /// Schedules a settle pass on the next turn of the event loop (once).
 pub fn schedule() {
+    schedule_after(Duration::ZERO);
+}
+
+/// How often a settle pass looks again while clients are paused.
+const PAUSE_RETRY: Duration = Duration::from_millis(10);
+
+fn schedule_after(delay: Duration) {
     if state::replace_settle_scheduled(true) {
         return;
     }
     match context::detached_context() {
         Some(ctx) => {
-            ctx.create_timer(Duration::ZERO, run_timer, ());
+            ctx.create_timer(delay, run_timer, ());
         }
         None => {
             state::replace_settle_scheduled(false);
@@ -61,6 +68,11 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
         bound::forget(conn, db, key);
     }
     let holders = lock.holders().len() as u64;
+    // Not for the empty value a command deletes after the last release (the common path):
+    // evicting it would lose nothing.
+    if had_waiters || holders > 0 || lock.delay_until() != 0 {
+        eviction::note_unlinked(db, key);
+    }
     let all_expired = lock.last_expiry().is_some_and(|t| t <= context::now_ms());
     if holders > 0 && all_expired {
         // Redis expired the key: its holds ended at their expiries (counted as expirations
@@ -96,6 +108,13 @@ pub fn on_swapdb(a: i32, b: i32) {
 fn run_timer(ctx: &Context, _: ()) {
     crate::sys::guard::guard_silent("settle timer", || {
         state::replace_settle_scheduled(false);
+        // While clients are paused the dataset stays as it is: a key whose TTL has passed
+        // reads as absent but cannot be created anew, and no hand-over may happen. The keys
+        // stay dirty and are settled when the pause ends.
+        if context::writes_paused() {
+            schedule_after(PAUSE_RETRY);
+            return;
+        }
         run_all(ctx);
     });
 }
@@ -106,6 +125,7 @@ pub fn run_all(ctx: &Context) {
     let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
         state::with_expired(|e| e.clear());
+        eviction::forget_pending();
         bound::forget_gone();
         return;
     }
@@ -122,7 +142,12 @@ pub fn run_all(ctx: &Context) {
 
 /// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.
 pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
-    let was_dirty = state::with_dirty(|d| !d.is_empty() && d.remove(&(db, Box::<[u8]>::from(key))));
+    // Commands that change keys do not run while clients are paused; if one does, the key is
+    // left to the pass after the pause (asked only when some key is dirty: the common path
+    // pays nothing).
+    let was_dirty = state::with_dirty(|d| {
+        !d.is_empty() && !context::writes_paused() && d.remove(&(db, Box::<[u8]>::from(key)))
+    });
     if was_dirty {
         settle(ctx, db, key);
     }
@@ -146,6 +171,10 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
         for _ in 0..expired {
             lock_key.notify(c"lock.expire");
         }
+    }
+    // The server evicted the key: its holds are gone (waiters are served below).
+    for _ in 0..eviction::take_to_notify(db, key) {
+        lock_key.notify(c"lock.evicted");
     }
     let waiting = waiters::queued_at(db, key);
     match lock_key.kind() {

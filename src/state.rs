@@ -37,6 +37,35 @@ thread_local! {
     static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
     /// The INFO figures (`stats`).
     static COUNTERS: Counters = const { Counters::new() };
+    /// Eviction (`eviction`): what it needs between the data type's unlink and the server's
+    /// `evicted` notification that follows it, and what it last told the log.
+    static EVICTION: RefCell<EvictionState> = const { RefCell::new(EvictionState::new()) };
+}
+
+/// What `eviction` keeps.
+pub struct EvictionState {
+    /// The last lock key whose non-empty value left the keyspace (the unlink callback): an
+    /// `evicted` notification for this key means the eviction removed a lock.
+    pub last_unlinked: Option<DbKey>,
+    /// Evicted lock keys not yet notified (`lock.evicted` is sent when the key is settled).
+    pub to_notify: Vec<DbKey>,
+    /// Could the server evict keys when the module last looked (at load, on a config change
+    /// or a role change)?
+    pub could_evict: bool,
+}
+
+impl EvictionState {
+    const fn new() -> Self {
+        EvictionState {
+            last_unlinked: None,
+            to_notify: Vec::new(),
+            could_evict: false,
+        }
+    }
+}
+
+pub fn with_eviction<R>(f: impl FnOnce(&mut EvictionState) -> R) -> R {
+    EVICTION.with(|e| f(&mut e.borrow_mut()))
 }
 
 pub fn with_waiters<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
@@ -72,6 +101,9 @@ pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
 pub struct Contended {
     pub by_owner: HashMap<Box<[u8]>, BTreeSet<DbKey>>,
     pub by_key: HashMap<DbKey, HashSet<Box<[u8]>>>,
+    /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
+    /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
+    pub fences: HashMap<DbKey, u64>,
 }
 
 pub fn with_expired<R>(f: impl FnOnce(&mut Vec<(DbKey, u64)>) -> R) -> R {
@@ -261,6 +293,8 @@ pub struct Counters {
     pub extends: Cell<u64>,
     /// Grants given back because the waiter's connection closed before the reply reached it.
     pub given_back: Cell<u64>,
+    /// Lock keys (held, with waiters or with a pending lock-delay) the server evicted.
+    pub evictions: Cell<u64>,
     /// How long granted waiters waited: one sample per grant to a queued waiter, so its
     /// count is the hand-overs (a subset of `grants`).
     pub waits: Histogram<{ WAIT_BUCKETS_MS.len() }>,
@@ -286,6 +320,7 @@ impl Counters {
             releases: Cell::new(0),
             extends: Cell::new(0),
             given_back: Cell::new(0),
+            evictions: Cell::new(0),
             waits: Histogram::new(WAIT_BUCKETS_MS),
             holds: Histogram::new(HOLD_BUCKETS_MS),
             locks_held: Cell::new(0),

@@ -156,6 +156,11 @@ fn add_histogram<const N: usize>(
     add(count_and_sum[1], h.sum.get());
 }
 
+/// The server evicted a lock key.
+pub fn count_eviction() {
+    with_counters(|c| bump(&c.evictions, 1));
+}
+
 pub fn count_expirations(n: u64) {
     with_counters(|c| bump(&c.expirations, n));
 }
@@ -240,6 +245,12 @@ impl InfoSource for InfoFields {
             add("extends_total", c.extends.get());
             add("maxwaiters_total", c.queue_full.get());
             add("given_back_total", c.given_back.get());
+            // 1 while maxmemory and maxmemory-policy let the server evict lock keys.
+            add(
+                "evictable",
+                u64::from(crate::sys::context::server_can_evict()),
+            );
+            add("evicted_total", c.evictions.get());
             add("oldest_wait_ms", oldest);
             add("longest_queue", longest);
             add_histogram(

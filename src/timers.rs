@@ -86,9 +86,19 @@ fn stop(ctx: &Context, value: &mut LockValue) {
     }
 }
 
+/// How often a due timer looks again while clients are paused.
+const PAUSE_RETRY: Duration = Duration::from_millis(10);
+
 /// Timer callback: runs on the main thread with a context of its own.
 fn fire(ctx: &Context, target: Target) {
     crate::sys::guard::guard_silent("expiry timer", || {
+        // While clients are paused the server keeps the dataset constant (a failover waits for
+        // replicas to catch up): expiry and hand-over wait for the pause to end. The value's
+        // record of its timer matches by deadline and key, so the retry still counts as it.
+        if context::writes_paused() {
+            ctx.create_timer(PAUSE_RETRY, fire, target);
+            return;
+        }
         if !context::select_db(ctx, target.db) {
             return;
         }

@@ -34,10 +34,15 @@ fn a_config_file_line_beats_the_load_line_argument() {
 
 #[test]
 fn a_load_line_argument_alone_sets_the_value() {
-    let server = server_from_file("max-waiters 5000 max-total-waiters 70000", "").unwrap();
+    let server = server_from_file(
+        "max-waiters 5000 max-total-waiters 70000 refuse-when-evictable yes",
+        "",
+    )
+    .unwrap();
     let mut c = server.client();
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "5000");
     assert_eq!(config_get(&mut c, "lock.max-total-waiters"), "70000");
+    assert_eq!(config_get(&mut c, "lock.refuse-when-evictable"), "yes");
 }
 
 #[test]
@@ -68,6 +73,7 @@ fn bad_load_line_arguments_fail_the_start_with_the_reason_in_the_log() {
         ("max-waiters 0", "must be an integer from 1 to"),
         ("max-waiters 5 max-waiters 6", "given twice"),
         ("max-waiters", "name value pairs"),
+        ("refuse-when-evictable on", "must be yes or no"),
         ("no-such-thing 1", "unknown module argument"),
     ] {
         let dir = std::env::temp_dir().join(format!(

@@ -13,7 +13,7 @@ use crate::errors::{
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
-use crate::{blocking, contention, deadlock, settle, stats, waiters};
+use crate::{blocking, contention, deadlock, eviction, settle, stats, waiters};
 
 use super::common::split_key;
 
@@ -74,6 +74,10 @@ fn request(
     // closes: a hold bound to it would only end by its TTL, which is not what BIND promises.
     if req.bind && flags.contains(ContextFlags::LUA) {
         return Err(RedisError::Str(BIND_IN_SCRIPT));
+    }
+    // lock.refuse-when-evictable: no new hold that the server could evict.
+    if let Some(message) = eviction::refusal(&flags) {
+        return Err(RedisError::Str(message));
     }
     let options = HoldOptions {
         bound_to: req.bind.then(|| context::client_id(ctx)),

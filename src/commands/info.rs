@@ -1,5 +1,5 @@
 //! LOCK.INFO: a lock's mode, fence, holders, queue and lock-delay (read-only; also on
-//! replicas).
+//! replicas), and the queue of a key that reads as absent while clients wait on it.
 
 use std::collections::BTreeMap;
 
@@ -9,8 +9,8 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
-use crate::waiters;
-use redis_lock_core::{Kind, Mode};
+use crate::{contention, waiters};
+use redis_lock_core::{Kind, Mode, Waiter, WaiterId};
 
 /// LOCK.INFO key
 pub struct Info;
@@ -22,10 +22,10 @@ impl Command for Info {
             return Err(RedisError::WrongArity);
         };
         let mut lock_key = LockKey::open_arg_read(ctx, key_arg);
-        let Some(value) = lock_key.existing()? else {
-            return Ok(RedisValue::Null);
-        };
         let now = context::now_ms();
+        let Some(value) = lock_key.existing()? else {
+            return Ok(queued_on_absent_key(ctx, key_arg.as_slice(), now));
+        };
         let lock = value.view();
         // Holders whose expiry has passed are gone even if the timer has not run yet.
         let mut holders: Vec<_> = lock
@@ -49,61 +49,123 @@ impl Command for Info {
                 ])
             })
             .collect();
-        let queue = lock
-            .queue()
-            .iter()
-            .map(|(_, w)| RedisValue::SimpleStringStatic(w.mode.as_str()))
-            .collect();
-        let mut map = BTreeMap::new();
-        let field = |name: &str| RedisValueKey::String(name.to_string());
-        map.insert(field("mode"), RedisValue::SimpleStringStatic(mode));
-        map.insert(
-            field("fence"),
-            RedisValue::Integer(i64::try_from(lock.fence()).unwrap_or(i64::MAX)),
-        );
-        map.insert(field("holders"), RedisValue::Array(holders));
-        map.insert(
-            field("waiting"),
-            RedisValue::Integer(i64::try_from(lock.queue().len()).unwrap_or(i64::MAX)),
-        );
-        map.insert(field("queue"), RedisValue::Array(queue));
-        // Fields added after version 1 come after the first five, in the order they were added
-        // (`delay`, then `capacity` for semaphores): RESP2 clients may read by position. The map
-        // orders keys by variant first (`String` < `BulkRedisString` < `BulkString`), so each
-        // of these sorts after the ones before it whatever its name.
-        // Remaining ms of the lock-delay (0 for none); `mode` is `free` meanwhile.
+        let queue: Vec<(WaiterId, &Waiter)> = lock.queue().iter().collect();
+        let capacity = match lock.kind() {
+            Kind::Semaphore(capacity) => Some(capacity),
+            _ => None,
+        };
         let delay = lock.delay_end(now).saturating_sub(now);
-        map.insert(
-            RedisValueKey::BulkRedisString(ctx.create_string("delay")),
-            RedisValue::Integer(i64::try_from(delay).unwrap_or(i64::MAX)),
-        );
-        if let Kind::Semaphore(capacity) = lock.kind() {
-            map.insert(
-                RedisValueKey::BulkString(b"capacity".to_vec()),
-                RedisValue::Integer(i64::from(capacity)),
-            );
-        }
-        // Each queued client, head first: [owner, mode, waited ms, client id]. Same variant as
-        // `capacity` and after it by name, so it stays last. Replicas have no waiters.
-        let waiters = lock
-            .queue()
-            .iter()
-            .map(|(id, w)| {
-                let (client, queued_at) = waiters::describe(id).unwrap_or((0, now));
-                RedisValue::Array(vec![
-                    RedisValue::StringBuffer(w.owner.to_vec()),
-                    RedisValue::SimpleStringStatic(w.mode.as_str()),
-                    RedisValue::Integer(
-                        i64::try_from(now.saturating_sub(queued_at)).unwrap_or(i64::MAX),
-                    ),
-                    RedisValue::Integer(i64::try_from(client).unwrap_or(i64::MAX)),
-                ])
-            })
-            .collect();
-        map.insert(
-            RedisValueKey::BulkString(b"waiters".to_vec()),
-            RedisValue::Array(waiters),
-        );
-        Ok(RedisValue::OrderedMap(map))
+        Ok(reply(
+            ctx,
+            Fields {
+                mode,
+                fence: lock.fence(),
+                holders,
+                queue: &queue,
+                delay,
+                capacity,
+            },
+            now,
+        ))
     }
+}
+
+/// What LOCK.INFO shows, before it is laid out.
+struct Fields<'a> {
+    mode: &'static str,
+    fence: u64,
+    holders: Vec<RedisValue>,
+    queue: &'a [(WaiterId, &'a Waiter)],
+    delay: u64,
+    capacity: Option<u32>,
+}
+
+/// The key reads as absent, but clients may still be queued on it: while clients are paused
+/// (CLIENT PAUSE, a failover) a key whose TTL has passed reads as absent, yet the server keeps
+/// it and the hand-over waits for the pause to end; likewise for the moment between a DEL and
+/// the settling of its waiters. Those waiters are shown on a free lock (every holder's TTL
+/// has passed), with the fence the key had when it last changed. Nil when nobody waits.
+fn queued_on_absent_key(ctx: &Context, key: &[u8], now: u64) -> RedisValue {
+    let db = context::selected_db(ctx);
+    let waiting = waiters::queued_at(db, key);
+    if waiting.is_empty() {
+        return RedisValue::Null;
+    }
+    let queue: Vec<(WaiterId, &Waiter)> = waiting.iter().map(|(id, w)| (*id, w)).collect();
+    // Permit requests carry the semaphore's capacity.
+    let capacity = waiting
+        .iter()
+        .find(|(_, w)| w.mode == Mode::Permit)
+        .map(|(_, w)| w.capacity);
+    reply(
+        ctx,
+        Fields {
+            mode: "free",
+            fence: contention::fence_of(db, key).unwrap_or(0),
+            holders: Vec::new(),
+            queue: &queue,
+            delay: 0,
+            capacity,
+        },
+        now,
+    )
+}
+
+/// Lays out the fields: a map in RESP3, a flat array in RESP2.
+fn reply(ctx: &Context, f: Fields<'_>, now: u64) -> RedisValue {
+    let queue = f
+        .queue
+        .iter()
+        .map(|(_, w)| RedisValue::SimpleStringStatic(w.mode.as_str()))
+        .collect();
+    let mut map = BTreeMap::new();
+    let field = |name: &str| RedisValueKey::String(name.to_string());
+    map.insert(field("mode"), RedisValue::SimpleStringStatic(f.mode));
+    map.insert(
+        field("fence"),
+        RedisValue::Integer(i64::try_from(f.fence).unwrap_or(i64::MAX)),
+    );
+    map.insert(field("holders"), RedisValue::Array(f.holders));
+    map.insert(
+        field("waiting"),
+        RedisValue::Integer(i64::try_from(f.queue.len()).unwrap_or(i64::MAX)),
+    );
+    map.insert(field("queue"), RedisValue::Array(queue));
+    // Fields added after version 1 come after the first five, in the order they were added
+    // (`delay`, then `capacity` for semaphores): RESP2 clients may read by position. The map
+    // orders keys by variant first (`String` < `BulkRedisString` < `BulkString`), so each
+    // of these sorts after the ones before it whatever its name.
+    // Remaining ms of the lock-delay (0 for none); `mode` is `free` meanwhile.
+    map.insert(
+        RedisValueKey::BulkRedisString(ctx.create_string("delay")),
+        RedisValue::Integer(i64::try_from(f.delay).unwrap_or(i64::MAX)),
+    );
+    if let Some(capacity) = f.capacity {
+        map.insert(
+            RedisValueKey::BulkString(b"capacity".to_vec()),
+            RedisValue::Integer(i64::from(capacity)),
+        );
+    }
+    // Each queued client, head first: [owner, mode, waited ms, client id]. Same variant as
+    // `capacity` and after it by name, so it stays last. Replicas have no waiters.
+    let waiters = f
+        .queue
+        .iter()
+        .map(|(id, w)| {
+            let (client, queued_at) = waiters::describe(*id).unwrap_or((0, now));
+            RedisValue::Array(vec![
+                RedisValue::StringBuffer(w.owner.to_vec()),
+                RedisValue::SimpleStringStatic(w.mode.as_str()),
+                RedisValue::Integer(
+                    i64::try_from(now.saturating_sub(queued_at)).unwrap_or(i64::MAX),
+                ),
+                RedisValue::Integer(i64::try_from(client).unwrap_or(i64::MAX)),
+            ])
+        })
+        .collect();
+    map.insert(
+        RedisValueKey::BulkString(b"waiters".to_vec()),
+        RedisValue::Array(waiters),
+    );
+    RedisValue::OrderedMap(map)
 }

@@ -11,9 +11,17 @@ pub fn missing() -> Vec<&'static str> {
     // SAFETY: each entry copies a function pointer (the braces read the static by value, no
     // reference is made) that the API table filled in at load, before OnLoad's body runs;
     // nothing writes them afterwards.
-    let present: [(&'static str, bool); 44] = unsafe {
+    let present: [(&'static str, bool); 46] = unsafe {
         [
             ("Milliseconds", { raw::RedisModule_Milliseconds }.is_some()),
+            (
+                "GetContextFlags",
+                { raw::RedisModule_GetContextFlags }.is_some(),
+            ),
+            (
+                "AvoidReplicaTraffic",
+                { raw::RedisModule_AvoidReplicaTraffic }.is_some(),
+            ),
             (
                 "GetSelectedDb",
                 { raw::RedisModule_GetSelectedDb }.is_some(),

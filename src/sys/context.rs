@@ -133,3 +133,30 @@ pub fn log_warning(message: &str) {
         ctx.log_warning(message);
     }
 }
+
+/// Can the server evict keys now: `maxmemory` is set, `maxmemory-policy` is not
+/// `noeviction`, and this is not a replica that ignores `maxmemory`. The server's own answer
+/// (its context flags), so it needs no CONFIG GET and is safe inside any callback.
+pub fn server_can_evict() -> bool {
+    // SAFETY: RedisModule_GetContextFlags accepts a NULL context (it then skips the
+    // client-specific flags) and only reads server state.
+    let flags = unsafe { raw::RedisModule_GetContextFlags.map_or(0, |f| f(ptr::null_mut())) };
+    flags_can_evict(flags)
+}
+
+/// Do context flags (`RedisModule_GetContextFlags`) say that the server can evict keys?
+pub fn flags_can_evict(flags: c_int) -> bool {
+    let both = (raw::REDISMODULE_CTX_FLAGS_MAXMEMORY | raw::REDISMODULE_CTX_FLAGS_EVICT) as c_int;
+    flags & both == both
+}
+
+/// Are clients paused (CLIENT PAUSE, or a failover in progress)? The server then keeps the
+/// dataset constant: it neither deletes expired keys nor lets them be written, so a key whose
+/// TTL has passed reads as absent although it is still there (and creating it anew would
+/// fail an assertion in the server).
+pub fn writes_paused() -> bool {
+    // SAFETY: RedisModule_AvoidReplicaTraffic takes no arguments and reads (and, if the
+    // pause's end time has passed, ends) the server's pause state, which is what key
+    // expiry consults too (Redis 7.0 and Valkey 8 alike).
+    unsafe { raw::RedisModule_AvoidReplicaTraffic.map_or(0, |f| f()) != 0 }
+}

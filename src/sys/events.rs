@@ -23,13 +23,18 @@ pub enum ServerEvent {
     ClientClosing { client_id: u64 },
     /// This server was a replica and is now a master.
     BecameMaster,
+    /// This server was a master and is now a replica (REPLICAOF host port).
+    BecameReplica,
+    /// CONFIG SET changed settings; `memory` says whether `maxmemory` or
+    /// `maxmemory-policy` was among them.
+    ConfigChanged { memory: bool },
 }
 
 /// Receives the events. Every method runs inside the panic guard.
 pub trait EventHandler: 'static {
     fn on_server_event(ctx: &Context, event: ServerEvent);
-    /// A keyspace notification of the generic class (`event` is its name, such as `del`,
-    /// `rename_to`) for `key` of database `db`.
+    /// A keyspace notification of the generic or the evicted class (`event` is its name, such
+    /// as `del`, `rename_to`, `evicted`) for `key` of database `db`.
     fn on_keyspace_event(ctx: &Context, db: i32, event: &[u8], key: &[u8]);
 }
 
@@ -47,8 +52,37 @@ struct SwapDbInfo {
     second: i32,
 }
 
-/// REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER (a macro bindgen does not export).
+/// REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER and _NOW_REPLICA (macros bindgen does not
+/// export).
 const NOW_MASTER: u64 = 0;
+const NOW_REPLICA: u64 = 1;
+
+/// REDISMODULE_SUBEVENT_CONFIG_CHANGE.
+const CONFIG_CHANGE: u64 = 0;
+
+/// The names a CONFIG SET changed (RedisModuleConfigChangeV1): does any of them bear on
+/// eviction? Redis passes each setting's canonical name.
+fn changes_memory_settings(data: *mut c_void) -> bool {
+    // SAFETY: for the config event Redis passes a RedisModuleConfigChangeV1 that lives during
+    // the callback.
+    let Some(change) = (unsafe { (data as *const raw::RedisModuleConfigChange).as_ref() }) else {
+        return false;
+    };
+    if change.config_names.is_null() {
+        return false;
+    }
+    (0..change.num_changes as usize).any(|i| {
+        // SAFETY: config_names points to num_changes NUL-terminated names, live during the
+        // callback; i is below num_changes.
+        let name = unsafe { *change.config_names.add(i) };
+        if name.is_null() {
+            return false;
+        }
+        // SAFETY: as above; the name is NUL-terminated.
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        name.eq_ignore_ascii_case(b"maxmemory") || name.eq_ignore_ascii_case(b"maxmemory-policy")
+    })
+}
 
 fn typed(eid: u64, sub: u64, data: *mut c_void) -> Option<ServerEvent> {
     match eid {
@@ -77,6 +111,12 @@ fn typed(eid: u64, sub: u64, data: *mut c_void) -> Option<ServerEvent> {
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED if sub == NOW_MASTER => {
             Some(ServerEvent::BecameMaster)
         }
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED if sub == NOW_REPLICA => {
+            Some(ServerEvent::BecameReplica)
+        }
+        raw::REDISMODULE_EVENT_CONFIG if sub == CONFIG_CHANGE => Some(ServerEvent::ConfigChanged {
+            memory: changes_memory_settings(data),
+        }),
         _ => None,
     }
 }
@@ -94,6 +134,7 @@ extern "C" fn on_server_event<H: EventHandler>(
         raw::REDISMODULE_EVENT_LOADING => "loading event",
         raw::REDISMODULE_EVENT_CLIENT_CHANGE => "client event",
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => "role change event",
+        raw::REDISMODULE_EVENT_CONFIG => "config event",
         _ => "server event",
     };
     guard_silent(what, || {
@@ -130,6 +171,7 @@ pub fn subscribe<H: EventHandler>(ctx: &Context) -> Result<(), String> {
         raw::REDISMODULE_EVENT_LOADING,
         raw::REDISMODULE_EVENT_CLIENT_CHANGE,
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        raw::REDISMODULE_EVENT_CONFIG,
     ] {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: ctx is OnLoad's; the callback is a 'static function.
@@ -141,12 +183,14 @@ pub fn subscribe<H: EventHandler>(ctx: &Context) -> Result<(), String> {
             return Err(format!("cannot subscribe to server event {id}"));
         }
     }
+    // Module subscribers get every event of their classes whatever notify-keyspace-events
+    // says. The evicted class adds one callback per evicted key (and none otherwise).
     // SAFETY: as above.
     let rc = unsafe {
         raw::RedisModule_SubscribeToKeyspaceEvents.map_or(1, |f| {
             f(
                 ctx.ctx,
-                raw::REDISMODULE_NOTIFY_GENERIC,
+                raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EVICTED,
                 Some(on_keyspace_event::<H>),
             )
         })
