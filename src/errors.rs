@@ -52,3 +52,9 @@ pub fn refusal_text(refusal: Acquired) -> &'static str {
 
 pub const WAITER_WRONG_KIND: &str =
     "WRONGKIND the key was replaced by one of the other kind (a lock for a semaphore or the reverse) while this request waited";
+
+/// The error a waiter gets when MIGRATE moved its key to another server (`moving`). TRYAGAIN is
+/// the code Redis Cluster uses for "not now, ask again": cluster clients resend the request,
+/// and the node that no longer has the key redirects it (ASK or MOVED) to the one that has it.
+pub const KEY_MOVED: &str =
+    "TRYAGAIN the key was moved to another server (MIGRATE) while this request waited; send the request again where the key now lives";

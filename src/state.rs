@@ -296,3 +296,33 @@ impl Counters {
         }
     }
 }
+
+thread_local! {
+    /// Lock values with waiters that were serialized (MIGRATE's or DUMP's payload, a SAVE on
+    /// the main thread) since the current command started, by address (`moving`).
+    static SERIALIZED: RefCell<HashSet<usize>> = RefCell::new(HashSet::new());
+    /// Is `SERIALIZED` non-empty? Read before every command, so kept apart from the set.
+    static ANY_SERIALIZED: Cell<bool> = const { Cell::new(false) };
+    /// Waiters answered TRYAGAIN because MIGRATE moved their key away (`moving`, INFO).
+    static MIGRATED_WAITERS: Cell<u64> = const { Cell::new(0) };
+}
+
+pub fn with_serialized<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
+    SERIALIZED.with(|s| f(&mut s.borrow_mut()))
+}
+
+pub fn any_serialized() -> bool {
+    ANY_SERIALIZED.with(|a| a.get())
+}
+
+pub fn set_any_serialized(any: bool) {
+    ANY_SERIALIZED.with(|a| a.set(any));
+}
+
+pub fn migrated_waiters() -> u64 {
+    MIGRATED_WAITERS.with(|m| m.get())
+}
+
+pub fn add_migrated_waiters(n: u64) {
+    MIGRATED_WAITERS.with(|m| m.set(m.get().saturating_add(n)));
+}

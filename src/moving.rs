@@ -1,0 +1,80 @@
+//! Keys that MIGRATE moves to another server (what Redis Cluster resharding does, slot by slot).
+//!
+//! The holders travel in the value's DUMP payload (`datatype`'s RDB encoding); the target loads
+//! them like any RESTORE. What this file decides is what the *source* does with the waiters it
+//! had queued on the key: they must not be served as after a DEL (the lock is held on the
+//! target, so a grant here would be a second holder). They get `-TRYAGAIN`, and the key is not
+//! created anew for them.
+//!
+//! Telling a MIGRATE from a DEL: on the source both end in the same `dbDelete` (the data
+//! type's `unlink`) followed by a `del` keyspace event, and the module API of Redis 7.0 names
+//! no command to a data-type callback. What only MIGRATE does is serialize the value first
+//! (its `RESTORE` payload, through the type's `rdb_save`) and delete it later in the same
+//! command, with nothing else running in between. So: a value serialized on the main thread
+//! since the current command started, then unlinked, is one that MIGRATE moved. A command
+//! filter (`sys::filter`) marks the start of each command and clears the record; it runs before
+//! every command of a client, of a script (`redis.call`) and of another module (`RM_Call`),
+//! and once for EXEC, whose commands then run as one: a MIGRATE queued in MULTI is still told
+//! apart because its serialization and its deletion both happen inside that EXEC.
+//! `MIGRATE ... COPY`, and a MIGRATE that fails (target down, target error), serialize but do
+//! not delete: nothing happens on the source, and the record is cleared by the next command.
+//!
+//! What it can take for a move that is not one: a value serialized by DUMP, DEBUG OBJECT or a
+//! SAVE and then deleted before the next command starts (both inside one MULTI, or an expiry or
+//! eviction between two commands). Those waiters are answered TRYAGAIN too, which they retry;
+//! no lock is granted twice either way. Only values that have waiters are recorded (a move
+//! matters only to them), so the record stays as small as the number of queues.
+
+use crate::state;
+use crate::sys::filter::CommandStart;
+use crate::value::LockValue;
+use crate::{errors, waiters};
+
+/// The value's identity while it lives: its address (values are boxed and never moved).
+fn address(value: &LockValue) -> usize {
+    value as *const LockValue as usize
+}
+
+/// The type's `rdb_save` ran for `value` (on the main thread: DUMP or MIGRATE's payload, SAVE;
+/// or in a fork child, whose record is its own and goes nowhere).
+pub fn note_serialized(value: &LockValue) {
+    if value.waiters() == 0 {
+        return;
+    }
+    state::with_serialized(|s| s.insert(address(value)));
+    state::set_any_serialized(true);
+}
+
+/// Forgets what was serialized: a new command starts, or values were freed without an unlink
+/// (FLUSH, loading), whose addresses may be reused.
+pub fn forget_serialized() {
+    if state::any_serialized() {
+        state::with_serialized(|s| s.clear());
+        state::set_any_serialized(false);
+    }
+}
+
+/// Is `value`, which is leaving its key, being moved away by MIGRATE (serialized earlier in
+/// the same command)? One flag read when nothing was serialized, which is almost always.
+pub fn is_moved_away(value: &LockValue) -> bool {
+    state::any_serialized() && state::with_serialized(|s| s.remove(&address(value)))
+}
+
+/// (`db`, `key`) moved to another server: every waiter queued on it here gets TRYAGAIN, so
+/// it asks again where the key now is. Counted in `INFO lock` (`migrated_waiters_total`).
+pub fn refuse_waiters(db: i32, key: &[u8]) {
+    let queued = waiters::queued_at(db, key);
+    state::add_migrated_waiters(queued.len() as u64);
+    for (id, _) in queued {
+        waiters::refuse(id, errors::KEY_MOVED);
+    }
+}
+
+/// The command filter's receiver: a new command starts.
+pub struct CommandClock;
+
+impl CommandStart for CommandClock {
+    fn on_command_start() {
+        forget_serialized();
+    }
+}
