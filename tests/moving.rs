@@ -216,12 +216,6 @@ fn a_replica_of_the_source_applies_the_move_as_a_delete() {
     assert_eq!(query(&mut r, &["PING"]), Ok(Value::SimpleString("PONG".into())));
 }
 
-/// The cluster node id of the node on `port`.
-fn node_id(port: u16) -> String {
-    let mut c = connect(port).expect("node");
-    value_text(&query(&mut c, &["CLUSTER", "MYID"]).unwrap())
-}
-
 #[test]
 fn resharding_a_slot_under_a_held_lock_never_grants_it_on_the_old_node() {
     let nodes = start_cluster(3);
@@ -238,30 +232,22 @@ fn resharding_a_slot_under_a_held_lock_never_grants_it_on_the_old_node() {
     let w = spawn_waiter(src, &mut s, &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"], 1);
     let r = spawn_waiter(src, &mut s, &["LOCK.RWREAD", key, "r", "60000", "WAIT", "0"], 2);
 
-    // What `redis-cli --cluster reshard` does for one slot.
-    let (src_id, dst_id) = (node_id(src.port), node_id(dst.port));
-    let mut d = dst.client();
-    query(&mut d, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]).unwrap();
-    query(&mut s, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]).unwrap();
-    let keys = query(&mut s, &["CLUSTER", "GETKEYSINSLOT", &slot, "10"]).unwrap();
-    assert_eq!(value_texts(&keys), vec![key.to_string()]);
-    let port = dst.port.to_string();
-    let moved = query(&mut s, &["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]);
-    assert_eq!(moved, Ok(Value::Okay));
+    // What `redis-cli --cluster reshard` does for one slot, up to the keys' MIGRATE.
+    let slot_no = u16::try_from(int(&mut s, &["CLUSTER", "KEYSLOT", key])).unwrap();
+    start_slot_move(slot_no, src.port, dst.port);
     assert_eq!(error_code(w.join()), "TRYAGAIN");
     assert_eq!(error_code(r.join()), "TRYAGAIN");
     // Asked again on the old node, mid-migration: redirected, never granted there.
     let again = query(&mut s, &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "100"]);
     assert_eq!(error_code(again), "ASK");
-    for n in &nodes {
-        let mut c = n.client();
-        query(&mut c, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]).unwrap();
-    }
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    finish_slot_move(slot_no, dst.port, &ports);
     let after = query(&mut s, &["LOCK.ACQUIRE", key, "w", "60000"]);
     assert_eq!(error_code(after), "MOVED");
     assert_eq!(int(&mut s, &["CLUSTER", "COUNTKEYSINSLOT", &slot]), 0);
 
     // The new owner has the hold; a waiter there gets the lock only when it is released.
+    let mut d = dst.client();
     assert_eq!(holders(&mut d, key), vec![("holder".to_string(), 1)]);
     let w2 = spawn_waiter(dst, &mut d, &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"], 1);
     std::thread::sleep(Duration::from_millis(50));
