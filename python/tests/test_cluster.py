@@ -204,3 +204,45 @@ def test_cluster_wait_follows_a_resharded_key_asyncio(cluster: kit.Cluster) -> N
     assert out["got"] is True and out.get("done")
     assert out["token"] > held
     assert out["waited"] < 20
+
+
+def test_cluster_moved_wait_ends_in_time_without_the_lock(cluster: kit.Cluster) -> None:
+    """The key moves while its holder keeps it: the wait queues again on the new node with
+    what is left of its time, and ends then, not granted (as any wait that runs out)."""
+    flush(cluster)
+    rc = cluster.client()
+    key = "moving:{bounded}"
+    slot = rc.keyslot(key)
+    src = rc.get_node_from_key(key).port
+    dst = next(n.port for n in cluster.nodes if n.port != src)
+    direct = cluster.node_on(src).client()
+    direct.execute_command("LOCK.ACQUIRE", key, "holder", 60000)
+    lock = Lock(rc, key, timeout=30, blocking_timeout=3, thread_local=False)
+    out: Dict[str, Any] = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            out["got"] = lock.acquire()
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            out["got"] = e
+        out["waited"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for(lambda: _waiting_on(cluster, src, key, False) == 1, 10, what="the waiter queued")
+    time.sleep(1.5)
+    cluster.start_slot_move(slot, src, dst)
+    t.join(10)
+    assert out["got"] is False, out
+    assert out["waited"] < 3.5, out
+    wait_for(lambda: _waiting_on(cluster, dst, key, True) == 0, 10, what="nothing queued on the new node")
+    # Put the slot back for the other tests.
+    cluster.finish_slot_move(slot, dst)
+    new = cluster.node_on(dst).client()
+    assert new.execute_command("LOCK.RELEASE", key, "holder") == 0
+    cluster.start_slot_move(slot, dst, src)
+    cluster.finish_slot_move(slot, src)
+    new.close()
+    direct.close()
+    rc.close()
