@@ -51,9 +51,22 @@ fn migrate_moves_the_holder_and_the_waiters_get_tryagain() {
     let mut t = target.client();
     let token = int(&mut s, &["LOCK.ACQUIRE", "k", "holder", "60000"]);
     let target_before = int(&mut t, &["LOCK.ACQUIRE", "other", "x", "60000"]);
-    assert!(target_before < token, "the source's tokens start above the target's");
-    let w = spawn_waiter(&source, &mut s, &["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "0"], 1);
-    let r = spawn_waiter(&source, &mut s, &["LOCK.RWREAD", "k", "r", "60000", "WAIT", "30000"], 2);
+    assert!(
+        target_before < token,
+        "the source's tokens start above the target's"
+    );
+    let w = spawn_waiter(
+        &source,
+        &mut s,
+        &["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "0"],
+        1,
+    );
+    let r = spawn_waiter(
+        &source,
+        &mut s,
+        &["LOCK.RWREAD", "k", "r", "60000", "WAIT", "30000"],
+        2,
+    );
 
     let port = target.port.to_string();
     let reply = query(&mut s, &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000"]);
@@ -77,7 +90,10 @@ fn migrate_moves_the_holder_and_the_waiters_get_tryagain() {
     let pttl = int(&mut t, &["PTTL", "k"]);
     assert!(pttl > 50_000 && pttl <= 60_000, "pttl {pttl}");
     // A re-entry there returns the holding's token; a new grant after the release is larger.
-    assert_eq!(int(&mut t, &["LOCK.ACQUIRE", "k", "holder", "60000"]), token);
+    assert_eq!(
+        int(&mut t, &["LOCK.ACQUIRE", "k", "holder", "60000"]),
+        token
+    );
     assert_eq!(int(&mut t, &["LOCK.RELEASE", "k", "holder", "ALL"]), 0);
     let next = int(&mut t, &["LOCK.ACQUIRE", "k", "next", "60000"]);
     assert!(next > token, "{next} after the moved {token}");
@@ -93,22 +109,52 @@ fn migrate_keys_with_auth_and_replace_moves_capacity_and_pending_delay() {
     // A semaphore of capacity 2, full, with a waiter.
     int(&mut s, &["LOCK.SEMACQUIRE", "sem", "a", "2", "60000"]);
     let sem_token = int(&mut s, &["LOCK.SEMACQUIRE", "sem", "b", "2", "60000"]);
-    let sw = spawn_waiter(&source, &mut s, &["LOCK.SEMACQUIRE", "sem", "c", "2", "60000", "WAIT", "0"], 1);
+    let sw = spawn_waiter(
+        &source,
+        &mut s,
+        &["LOCK.SEMACQUIRE", "sem", "c", "2", "60000", "WAIT", "0"],
+        1,
+    );
     // A lock whose bound holder left with a lock-delay still pending, and a waiter behind it.
     let mut holder = source.client();
     let delayed_token = int(
         &mut holder,
-        &["LOCK.ACQUIRE", "delayed", "h", "60000", "LOCKDELAY", "60000", "BIND"],
+        &[
+            "LOCK.ACQUIRE",
+            "delayed",
+            "h",
+            "60000",
+            "LOCKDELAY",
+            "60000",
+            "BIND",
+        ],
     );
     drop(holder);
-    wait_until("the bound hold ended", || holders(&mut s, "delayed").is_empty());
-    let dw = spawn_waiter(&source, &mut s, &["LOCK.ACQUIRE", "delayed", "w", "60000", "WAIT", "0"], 1);
+    wait_until("the bound hold ended", || {
+        holders(&mut s, "delayed").is_empty()
+    });
+    let dw = spawn_waiter(
+        &source,
+        &mut s,
+        &["LOCK.ACQUIRE", "delayed", "w", "60000", "WAIT", "0"],
+        1,
+    );
     // REPLACE overwrites what the target has under one of the names.
     query(&mut t, &["SET", "sem", "old"]).unwrap();
 
     let port = target.port.to_string();
     let words = [
-        "MIGRATE", "127.0.0.1", &port, "", "0", "5000", "REPLACE", "AUTH", "secret", "KEYS", "sem",
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "REPLACE",
+        "AUTH",
+        "secret",
+        "KEYS",
+        "sem",
         "delayed",
     ];
     assert_eq!(query(&mut s, &words), Ok(Value::Okay));
@@ -135,11 +181,19 @@ fn migrate_copy_and_a_failed_migrate_change_nothing_on_the_source() {
     let (target, source) = target_then_source(&[]);
     let mut s = source.client();
     int(&mut s, &["LOCK.ACQUIRE", "k", "holder", "60000"]);
-    let w = spawn_waiter(&source, &mut s, &["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "0"], 1);
+    let w = spawn_waiter(
+        &source,
+        &mut s,
+        &["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "0"],
+        1,
+    );
     let port = target.port.to_string();
 
     // COPY: the target gets a copy; the source's lock and queue go on.
-    let copy = query(&mut s, &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000", "COPY"]);
+    let copy = query(
+        &mut s,
+        &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000", "COPY"],
+    );
     assert_eq!(copy, Ok(Value::Okay));
     // A target that refuses (the key exists there, no REPLACE): nothing is deleted.
     let refused = query(&mut s, &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000"]);
@@ -173,7 +227,12 @@ fn migrate_inside_multi_and_lua_is_still_a_move() {
     for (i, how) in ["multi", "lua"].iter().enumerate() {
         let key = format!("k{i}");
         int(&mut s, &["LOCK.ACQUIRE", &key, "holder", "60000"]);
-        let w = spawn_waiter(&source, &mut s, &["LOCK.ACQUIRE", &key, "w", "60000", "WAIT", "0"], 1);
+        let w = spawn_waiter(
+            &source,
+            &mut s,
+            &["LOCK.ACQUIRE", &key, "w", "60000", "WAIT", "0"],
+            1,
+        );
         if *how == "multi" {
             let mut pipe = redis::pipe();
             pipe.atomic()
@@ -194,7 +253,11 @@ fn migrate_inside_multi_and_lua_is_still_a_move() {
         assert_eq!(error_code(w.join()), "TRYAGAIN", "{how}");
         assert_eq!(int(&mut s, &["EXISTS", &key]), 0, "{how}");
         let mut t = target.client();
-        assert_eq!(holders(&mut t, &key), vec![("holder".to_string(), 1)], "{how}");
+        assert_eq!(
+            holders(&mut t, &key),
+            vec![("holder".to_string(), 1)],
+            "{how}"
+        );
     }
     assert_eq!(migrated_waiters(&mut s), 2);
 }
@@ -205,15 +268,28 @@ fn a_replica_of_the_source_applies_the_move_as_a_delete() {
     let (source, replica) = master_and_replica(&[]);
     let mut s = source.client();
     int(&mut s, &["LOCK.ACQUIRE", "k", "holder", "60000"]);
-    let w = spawn_waiter(&source, &mut s, &["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "0"], 1);
+    let w = spawn_waiter(
+        &source,
+        &mut s,
+        &["LOCK.ACQUIRE", "k", "w", "60000", "WAIT", "0"],
+        1,
+    );
     let port = target.port.to_string();
-    assert_eq!(query(&mut s, &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000"]), Ok(Value::Okay));
+    assert_eq!(
+        query(&mut s, &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000"]),
+        Ok(Value::Okay)
+    );
     assert_eq!(error_code(w.join()), "TRYAGAIN");
     let mut r = replica.client();
-    wait_until("the replica deleted the key", || int(&mut r, &["EXISTS", "k"]) == 0);
+    wait_until("the replica deleted the key", || {
+        int(&mut r, &["EXISTS", "k"]) == 0
+    });
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(int(&mut r, &["EXISTS", "k"]), 0);
-    assert_eq!(query(&mut r, &["PING"]), Ok(Value::SimpleString("PONG".into())));
+    assert_eq!(
+        query(&mut r, &["PING"]),
+        Ok(Value::SimpleString("PONG".into()))
+    );
 }
 
 #[test]
@@ -229,8 +305,18 @@ fn resharding_a_slot_under_a_held_lock_never_grants_it_on_the_old_node() {
     let dst = nodes.iter().find(|n| n.port != src_port).unwrap();
     let mut s = src.client();
     let slot = int(&mut s, &["CLUSTER", "KEYSLOT", key]).to_string();
-    let w = spawn_waiter(src, &mut s, &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"], 1);
-    let r = spawn_waiter(src, &mut s, &["LOCK.RWREAD", key, "r", "60000", "WAIT", "0"], 2);
+    let w = spawn_waiter(
+        src,
+        &mut s,
+        &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"],
+        1,
+    );
+    let r = spawn_waiter(
+        src,
+        &mut s,
+        &["LOCK.RWREAD", key, "r", "60000", "WAIT", "0"],
+        2,
+    );
 
     // What `redis-cli --cluster reshard` does for one slot, up to the keys' MIGRATE.
     let slot_no = u16::try_from(int(&mut s, &["CLUSTER", "KEYSLOT", key])).unwrap();
@@ -249,7 +335,12 @@ fn resharding_a_slot_under_a_held_lock_never_grants_it_on_the_old_node() {
     // The new owner has the hold; a waiter there gets the lock only when it is released.
     let mut d = dst.client();
     assert_eq!(holders(&mut d, key), vec![("holder".to_string(), 1)]);
-    let w2 = spawn_waiter(dst, &mut d, &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"], 1);
+    let w2 = spawn_waiter(
+        dst,
+        &mut d,
+        &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"],
+        1,
+    );
     std::thread::sleep(Duration::from_millis(50));
     assert!(!w2.is_finished());
     assert_eq!(int(&mut d, &["LOCK.RELEASE", key, "holder"]), 0);

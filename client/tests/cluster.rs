@@ -189,14 +189,20 @@ async fn a_wait_follows_its_key_when_the_slot_is_resharded() {
     let deadline = Instant::now() + PATIENCE;
     while on_target() != 1 {
         assert!(!waiter.is_finished(), "the wait ended on the old node");
-        assert!(Instant::now() < deadline, "the wait was not queued on the new node");
+        assert!(
+            Instant::now() < deadline,
+            "the wait was not queued on the new node"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::task::spawn_blocking(move || finish_slot_move(slot, dst, &ports))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiter.is_finished(), "granted while the holder still holds");
+    assert!(
+        !waiter.is_finished(),
+        "granted while the holder still holds"
+    );
     let (answered, released) = follow_moved(dst, &["LOCK.RELEASE", key, "holder"]);
     assert_eq!((answered, released), (dst, Ok(Value::Int(0))));
     let (got, waited) = waiter.await.unwrap();
@@ -246,7 +252,10 @@ async fn a_moved_wait_still_ends_in_time_without_the_lock() {
     // Not granted, as any wait whose time ran out; and within its time (the client's own
     // bound, were the wait sent again in full on the new node, is wait + timeout + 1 s).
     assert!(matches!(got, Err(LockError::Held { .. })), "{got:?}");
-    assert!(waited < wait + TIMEOUT + Duration::from_millis(500), "{waited:?}");
+    assert!(
+        waited < wait + TIMEOUT + Duration::from_millis(500),
+        "{waited:?}"
+    );
     // Nothing of it stays queued where the key went.
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -255,7 +264,10 @@ async fn a_moved_wait_still_ends_in_time_without_the_lock() {
         if redis_lock_testkit::waiting(&mut c, key) == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the wait stayed queued on the new node");
+        assert!(
+            Instant::now() < deadline,
+            "the wait stayed queued on the new node"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

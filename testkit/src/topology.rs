@@ -148,8 +148,16 @@ pub fn start_slot_move(slot: u16, from: u16, to: u16) {
     let (from_id, to_id) = (node_id(from), node_id(to));
     let mut src = connect(from).expect("source node");
     let mut dst = connect(to).expect("target node");
-    query(&mut dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]).expect("IMPORTING");
-    query(&mut src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]).expect("MIGRATING");
+    query(
+        &mut dst,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id],
+    )
+    .expect("IMPORTING");
+    query(
+        &mut src,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id],
+    )
+    .expect("MIGRATING");
     let Ok(Value::Array(keys)) = query(&mut src, &["CLUSTER", "GETKEYSINSLOT", &slot, "1000"])
     else {
         panic!("GETKEYSINSLOT");
