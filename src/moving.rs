@@ -78,3 +78,59 @@ impl CommandStart for CommandClock {
         forget_serialized();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use redis_lock_core::{FenceCounter, Lock, Mode, Step, WaiterId};
+
+    use super::*;
+
+    /// A value held by "h" with `waiters` queued writers.
+    fn value_with(waiters: u64) -> LockValue {
+        let mut lock = Lock::new();
+        let mut fences = FenceCounter::new_const();
+        let mut events = Vec::new();
+        let mut step = Step {
+            now: 1_000,
+            fences: &mut fences,
+            events: &mut events,
+        };
+        lock.acquire(b"h", Mode::Write, 60_000, None, &mut step);
+        for id in 1..=waiters {
+            lock.acquire(b"w", Mode::Write, 60_000, Some(WaiterId(id)), &mut step);
+        }
+        LockValue::new(lock)
+    }
+
+    #[test]
+    fn a_value_serialized_in_this_command_and_then_unlinked_is_a_move() {
+        let (queued, other) = (value_with(1), value_with(1));
+        note_serialized(&queued);
+        assert!(!is_moved_away(&other), "only the serialized value");
+        assert!(is_moved_away(&queued));
+        assert!(!is_moved_away(&queued), "each unlink is seen once");
+    }
+
+    #[test]
+    fn a_new_command_or_a_flush_forgets_what_was_serialized() {
+        let v = value_with(2);
+        note_serialized(&v);
+        CommandClock::on_command_start();
+        assert!(
+            !is_moved_away(&v),
+            "DUMP then DEL as two commands: a delete"
+        );
+        note_serialized(&v);
+        forget_serialized();
+        assert!(!is_moved_away(&v));
+        assert!(!state::any_serialized());
+    }
+
+    #[test]
+    fn values_without_waiters_are_not_recorded() {
+        let v = value_with(0);
+        note_serialized(&v);
+        assert!(!state::any_serialized());
+        assert!(!is_moved_away(&v));
+    }
+}
