@@ -15,7 +15,8 @@
 //! filter (`sys::filter`) marks the start of each command and clears the record; it runs before
 //! every command of a client, of a script (`redis.call`) and of another module (`RM_Call`),
 //! and once for EXEC, whose commands then run as one: a MIGRATE queued in MULTI is still told
-//! apart because its serialization and its deletion both happen inside that EXEC.
+//! apart because its serialization and its deletion both happen inside that EXEC. The filter's
+//! common case (nothing serialized) is one load of a static, outside the panic guard.
 //! `MIGRATE ... COPY`, and a MIGRATE that fails (target down, target error), serialize but do
 //! not delete: nothing happens on the source, and the record is cleared by the next command.
 //!
@@ -74,6 +75,10 @@ pub fn refuse_waiters(db: i32, key: &[u8]) {
 pub struct CommandClock;
 
 impl CommandStart for CommandClock {
+    fn pending() -> bool {
+        state::any_serialized()
+    }
+
     fn on_command_start() {
         forget_serialized();
     }
@@ -84,6 +89,16 @@ mod tests {
     use redis_lock_core::{FenceCounter, Lock, Mode, Step, WaiterId};
 
     use super::*;
+
+    /// The "anything serialized" flag is one static for the process (the server has one main
+    /// thread); the tests, which run on several threads, take turns.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn turn() -> std::sync::MutexGuard<'static, ()> {
+        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        forget_serialized();
+        guard
+    }
 
     /// A value held by "h" with `waiters` queued writers.
     fn value_with(waiters: u64) -> LockValue {
@@ -104,6 +119,7 @@ mod tests {
 
     #[test]
     fn a_value_serialized_in_this_command_and_then_unlinked_is_a_move() {
+        let _turn = turn();
         let (queued, other) = (value_with(1), value_with(1));
         note_serialized(&queued);
         assert!(!is_moved_away(&other), "only the serialized value");
@@ -113,9 +129,12 @@ mod tests {
 
     #[test]
     fn a_new_command_or_a_flush_forgets_what_was_serialized() {
+        let _turn = turn();
         let v = value_with(2);
         note_serialized(&v);
+        assert!(CommandClock::pending());
         CommandClock::on_command_start();
+        assert!(!CommandClock::pending());
         assert!(
             !is_moved_away(&v),
             "DUMP then DEL as two commands: a delete"
@@ -128,6 +147,7 @@ mod tests {
 
     #[test]
     fn values_without_waiters_are_not_recorded() {
+        let _turn = turn();
         let v = value_with(0);
         note_serialized(&v);
         assert!(!state::any_serialized());

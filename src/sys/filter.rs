@@ -12,14 +12,20 @@ use redis_module::{raw, Context};
 
 use super::guard::guard_silent;
 
-/// Receives the start of each command. Called on the main thread before every command, so it
-/// must be cheap in the common case.
+/// Receives the start of each command. Called on the main thread before every command, so the
+/// common case must cost next to nothing.
 pub trait CommandStart: 'static {
+    /// Is there anything to do? Called outside the panic guard (which costs a few dozen
+    /// instructions per command): it must be a plain read that cannot panic.
+    fn pending() -> bool;
+    /// Does it, inside the panic guard.
     fn on_command_start();
 }
 
 extern "C" fn on_command<H: CommandStart>(_fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    guard_silent("command filter", H::on_command_start);
+    if H::pending() {
+        guard_silent("command filter", H::on_command_start);
+    }
 }
 
 /// Registers `H` as a command filter (OnLoad). `NOSELF`: the module's own `RM_Call`s, made
