@@ -81,6 +81,8 @@ fn migrate_moves_the_holder_and_the_waiters_get_tryagain() {
     assert_eq!(int(&mut s, &["EXISTS", "k"]), 0);
     assert_eq!(info_u64(&mut s, "lock", "lock_waiters"), 0);
     assert_eq!(info_u64(&mut s, "lock", "lock_grants_total"), 1);
+    assert_eq!(info_u64(&mut s, "lock", "lock_locks_held"), 0);
+    assert_eq!(info_u64(&mut t, "lock", "lock_locks_held"), 2);
 
     // The hold goes on at the target with its token and expiry.
     assert_eq!(holders(&mut t, "k"), vec![("holder".to_string(), 1)]);
