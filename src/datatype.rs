@@ -21,7 +21,7 @@ use redis_lock_core::{HoldOptions, Holder, Lock, Mode, PackedOptions, MAX_DURATI
 use crate::sys::context::log_warning;
 use crate::sys::datatype::{AofWriter, Digest, RdbReader, RdbWriter, TypeHandler};
 use crate::value::{LockType, LockValue, ENCODING_VERSION};
-use crate::{replication, settle, stats};
+use crate::{moving, replication, settle, stats};
 
 impl TypeHandler for LockType {
     type Value = LockValue;
@@ -34,6 +34,8 @@ impl TypeHandler for LockType {
     }
 
     fn rdb_save(rdb: &mut RdbWriter<'_>, value: &LockValue) {
+        // A MIGRATE serializes the value before it deletes it: see `moving`.
+        moving::note_serialized(value);
         let lock = value.view();
         rdb.unsigned(lock.fence());
         rdb.unsigned(lock.holders().len() as u64);

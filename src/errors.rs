@@ -55,3 +55,9 @@ pub const WAITER_WRONG_KIND: &str =
 
 pub const EVICTABLE_REFUSED: &str =
     "ERR lock.refuse-when-evictable is on and the server can evict keys (maxmemory is set and maxmemory-policy is not noeviction), so a lock could vanish: set maxmemory-policy noeviction, or turn the option off";
+
+/// The error a waiter gets when MIGRATE moved its key to another server (`moving`). TRYAGAIN is
+/// the code Redis Cluster uses for "not now, ask again": cluster clients resend the request,
+/// and the node that no longer has the key redirects it (ASK or MOVED) to the one that has it.
+pub const KEY_MOVED: &str =
+    "TRYAGAIN the key was moved to another server (MIGRATE) while this request waited; send the request again where the key now lives";

@@ -7,7 +7,7 @@ use crate::keys::LockKey;
 use crate::sys::events::{EventHandler, ServerEvent};
 use crate::sys::scan::for_each_key_of;
 use crate::value::LOCK_TYPE;
-use crate::{bound, eviction, settle, stats, waiters};
+use crate::{bound, eviction, moving, settle, stats, waiters};
 
 /// The module's [`EventHandler`].
 pub struct Events;
@@ -17,7 +17,11 @@ impl EventHandler for Events {
         match event {
             // Values of the flushed databases were freed without unlink: their waiters must
             // be served again.
-            ServerEvent::Flushed { db } => settle::on_flush(db),
+            // Freed values' addresses may be reused: what was serialized is forgotten.
+            ServerEvent::Flushed { db } => {
+                moving::forget_serialized();
+                settle::on_flush(db);
+            }
             // Whole databases changed index under the waiters and timers: every lock key now
             // in either database is settled (its timer re-armed where the key now is), and so
             // is every key that waiters were queued on.
@@ -29,6 +33,7 @@ impl EventHandler for Events {
             // above the clock's floor, whatever the loaded file missed.
             // A master that loaded bound holds has none of their connections: they end.
             ServerEvent::LoadingEnded => {
+                moving::forget_serialized();
                 stats::raise_fences_to_clock();
                 if ctx.get_flags().contains(ContextFlags::MASTER) {
                     orphan_bound_holds(ctx);

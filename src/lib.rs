@@ -33,6 +33,7 @@ mod events;
 mod eviction;
 mod keys;
 mod metadata;
+mod moving;
 mod replication;
 mod settle;
 mod state;
@@ -47,7 +48,7 @@ mod module {
     use redis_module::configuration::ConfigurationFlags;
     use redis_module::{redis_module, Context, RedisString, Status};
 
-    use crate::sys::{api, commands::add_module_acl_category, context, events, info};
+    use crate::sys::{api, commands::add_module_acl_category, context, events, filter, info};
     use crate::value::LOCK_TYPE;
     use crate::{commands, metadata, stats};
 
@@ -78,6 +79,8 @@ mod module {
         #[cfg(feature = "test-hooks")]
         commands::debug::register(ctx)?;
         events::subscribe::<crate::events::Events>(ctx)?;
+        // Marks where each command starts, to tell a MIGRATE from a DEL (see `moving`).
+        filter::register::<crate::moving::CommandClock>(ctx)?;
         info::register::<stats::InfoFields>(ctx);
         // maxmemory and its policy come from the config file, read before modules load.
         crate::eviction::check_at_load();

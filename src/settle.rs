@@ -22,7 +22,7 @@ use crate::state;
 use crate::sys::context;
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
-use crate::{bound, contention, errors, eviction, stats, waiters};
+use crate::{bound, contention, errors, eviction, moving, stats, waiters};
 use redis_lock_core::Lock;
 
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
@@ -54,8 +54,11 @@ fn schedule_after(delay: Duration) {
 }
 
 /// A lock value is leaving its key. Its waiters are taken out (they wait on the key name, and
-/// the registry remembers them); if every holder had expired, this is that expiry.
+/// the registry remembers them); if every holder had expired, this is that expiry. If MIGRATE
+/// is moving it to another server, its holders go on there: the waiters here are answered
+/// TRYAGAIN instead of being served again (`moving`).
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
+    let moved_away = moving::is_moved_away(value);
     let had_waiters = value.waiters() > 0;
     if had_waiters {
         contention::forget(db, key);
@@ -66,6 +69,10 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     let lock = value.view();
     for conn in bound::connections(&lock) {
         bound::forget(conn, db, key);
+    }
+    if moved_away {
+        moving::refuse_waiters(db, key);
+        return;
     }
     let holders = lock.holders().len() as u64;
     // Not for the empty value a command deletes after the last release (the common path):

@@ -331,3 +331,36 @@ impl Counters {
         }
     }
 }
+
+thread_local! {
+    /// Lock values with waiters that were serialized (MIGRATE's or DUMP's payload, a SAVE on
+    /// the main thread) since the current command started, by address (`moving`).
+    static SERIALIZED: RefCell<HashSet<usize>> = RefCell::new(HashSet::new());
+    /// Waiters answered TRYAGAIN because MIGRATE moved their key away (`moving`, INFO).
+    static MIGRATED_WAITERS: Cell<u64> = const { Cell::new(0) };
+}
+
+pub fn with_serialized<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
+    SERIALIZED.with(|s| f(&mut s.borrow_mut()))
+}
+
+/// Is `SERIALIZED` non-empty? Read before every command the server runs, so it is a plain
+/// static (one load; a thread-local in a shared library costs a `__tls_get_addr` call). Only
+/// the main thread uses it, as it does the thread-locals.
+static ANY_SERIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn any_serialized() -> bool {
+    ANY_SERIALIZED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub fn set_any_serialized(any: bool) {
+    ANY_SERIALIZED.store(any, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn migrated_waiters() -> u64 {
+    MIGRATED_WAITERS.with(|m| m.get())
+}
+
+pub fn add_migrated_waiters(n: u64) {
+    MIGRATED_WAITERS.with(|m| m.set(m.get().saturating_add(n)));
+}

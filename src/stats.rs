@@ -266,5 +266,7 @@ impl InfoSource for InfoFields {
                 ["hold_ms_count", "hold_ms_sum"],
             );
         });
+        // Waiters answered TRYAGAIN because MIGRATE (cluster resharding) moved their key away.
+        add("migrated_waiters_total", crate::state::migrated_waiters());
     }
 }

@@ -94,6 +94,81 @@ impl Conn {
             Conn::Cluster(c) => cmd.query_async(c).await,
         }
     }
+
+    /// `cmd` where `route` says: by the key's slot, or to the node a redirect named (after
+    /// `ASKING` for an `ASK`). One server ignores the route.
+    async fn query_routed(&mut self, cmd: &Cmd, route: &Route) -> redis::RedisResult<Value> {
+        match (self, route) {
+            #[cfg(feature = "cluster")]
+            (Conn::Cluster(c), Route::To { host, port, asking }) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let node = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                if !*asking {
+                    return c.route_command(cmd, RoutingInfo::SingleNode(node)).await;
+                }
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").add_command(cmd.clone());
+                let mut replies = c.route_pipeline(&pipe, 1, 1, node).await?;
+                replies
+                    .pop()
+                    .ok_or_else(|| {
+                        redis::RedisError::from((redis::ErrorKind::ResponseError, "no reply"))
+                    })?
+                    .extract_error()
+            }
+            (conn, _) => conn.query(cmd).await,
+        }
+    }
+}
+
+/// Where a cluster wait's next attempt (and a release behind it) goes: by the key's slot, or
+/// to the node that an `ASK` or `MOVED` named, when the key moved while the request waited
+/// (see [`AsyncLockClient::acquire`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Route {
+    #[default]
+    BySlot,
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    To {
+        host: String,
+        port: u16,
+        asking: bool,
+    },
+}
+
+impl Route {
+    /// The route after `e`, when `e` says the key is elsewhere: `TRYAGAIN` (the module: the
+    /// key was moved away while the request waited; ask by the slot map again), `ASK` or
+    /// `MOVED`. `None` for any other error.
+    fn after(e: &redis::RedisError) -> Option<Route> {
+        let to = |asking| {
+            let (addr, _slot) = e.redirect_node()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            Some(Route::To {
+                host: host.to_string(),
+                port: port.parse().ok()?,
+                asking,
+            })
+        };
+        match e.kind() {
+            redis::ErrorKind::TryAgain => Some(Route::BySlot),
+            redis::ErrorKind::Ask => to(true),
+            redis::ErrorKind::Moved => to(false),
+            _ => None,
+        }
+    }
+}
+
+/// How many times one waiting acquire follows its key to another cluster node before giving
+/// up (a reshard moves a slot once; more means the slot is moving back and forth).
+const MAX_KEY_MOVES: usize = 5;
+
+/// Reads a route shared between a wait and the release that may be sent behind it.
+fn route_of(route: &Mutex<Route>) -> Route {
+    route.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// Where the client connects.
@@ -258,6 +333,8 @@ enum Behind {
         conn: Conn,
         id: Option<i64>,
         client: AsyncLockClient,
+        /// Where the request went last (a cluster wait that followed its key).
+        route: Arc<Mutex<Route>>,
     },
     Shared(AsyncLockClient),
 }
@@ -307,8 +384,11 @@ impl Drop for ReleaseOnCancel {
                         mut conn,
                         id,
                         client,
+                        route,
                     } => {
-                        let mut release = Box::pin(tokio::time::timeout(bound, conn.query(&cmd)));
+                        let route = route_of(&route);
+                        let mut release =
+                            Box::pin(tokio::time::timeout(bound, conn.query_routed(&cmd, &route)));
                         let Some(id) = id else {
                             let _ = release.await;
                             return;
@@ -373,8 +453,12 @@ impl AsyncLockClient {
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .build()?;
+        // No retries of its own: a wait whose key moved comes back with TRYAGAIN, ASK or
+        // MOVED, and `acquire` sends it again where the key is with what is left of the wait
+        // (the crate would send the same WAIT again, after a backoff of a second or more).
         let waits = redis::cluster::ClusterClient::builder(nodes.clone())
             .connection_timeout(timeout)
+            .retries(0)
             .build()?;
         let name = nodes.first().map(|n| n.to_string()).unwrap_or_default();
         Ok(Self::with_target(
@@ -491,12 +575,19 @@ impl AsyncLockClient {
                 Err(o) => return Err(classify(&self.named(o), 1)),
             };
             conn_id = id;
+            let route = Arc::new(Mutex::new(Route::BySlot));
             let cancel = armed(Behind::Waiting {
                 conn: conn.clone(),
                 id,
                 client: self.clone(),
+                route: Arc::clone(&route),
             });
-            let done = on_dedicated(conn, &cmd, bound).await;
+            let done = if self.is_cluster() && request.wait.is_some() {
+                self.wait_following(conn, key, &owner, &request, started, &route)
+                    .await
+            } else {
+                on_dedicated(conn, &cmd, bound).await
+            };
             cancel.disarm();
             done
         } else {
@@ -577,6 +668,50 @@ impl AsyncLockClient {
                 })
             }
         }
+    }
+
+    /// A cluster wait that follows its key: when the node answers that the key is elsewhere
+    /// (`TRYAGAIN`: a reshard's MIGRATE moved it while the request waited; `ASK` or `MOVED`),
+    /// the request is sent again to the node that has it, with what is left of the wait, so
+    /// it queues there and the whole acquire still ends when its wait does. `route` records
+    /// where the request went, for a release sent behind it if the acquire is cancelled.
+    async fn wait_following(
+        &self,
+        mut conn: Conn,
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+        started: Instant,
+        route: &Mutex<Route>,
+    ) -> (Option<Conn>, Result<Value, Outcome>) {
+        let wait = request.wait.unwrap_or_default();
+        for attempt in 0..=MAX_KEY_MOVES {
+            // WAIT 0 is no limit: a limited wait that is spent ends here instead.
+            let remaining = if wait.is_zero() {
+                Duration::ZERO
+            } else {
+                let left = wait.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return (Some(conn), Ok(Value::Nil));
+                }
+                left.max(Duration::from_millis(1))
+            };
+            let cmd = request.command(key, owner, Some(remaining));
+            let bound = remaining.saturating_add(self.inner.timeout + WAIT_REPLY_MARGIN);
+            let to = route_of(route);
+            match tokio::time::timeout(bound, conn.query_routed(&cmd, &to)).await {
+                Ok(Ok(v)) => return (Some(conn), Ok(v)),
+                Ok(Err(e)) => match Route::after(&e) {
+                    Some(next) if attempt < MAX_KEY_MOVES => {
+                        *route.lock().unwrap_or_else(|p| p.into_inner()) = next;
+                    }
+                    _ if !is_io(&e) => return (Some(conn), Err(error_outcome(&e))),
+                    _ => return (None, Err(unreachable(&e))),
+                },
+                Err(_) => return (None, Err(Outcome::Unreachable("no reply in time".into()))),
+            }
+        }
+        (Some(conn), Ok(Value::Nil))
     }
 
     /// A new connection for one bound hold, named [`crate::BOUND_CLIENT_NAME`]; never pooled.
@@ -1421,6 +1556,7 @@ impl AsyncRedlock {
                     conn: conn.clone(),
                     id,
                     client: client.clone(),
+                    route: Arc::default(),
                 };
                 let cancel = ReleaseOnCancel::new(vec![(behind, bound)], key, owner);
                 let (conn, reply) = on_dedicated(conn, &cmd, bound).await;

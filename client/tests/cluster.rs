@@ -137,3 +137,137 @@ async fn a_key_on_every_master_and_waits_across_the_cluster() {
         Err(LockError::InvalidRequest { .. })
     ));
 }
+
+/// A waiting acquire whose key is moved to another node while another owner holds it (a slot
+/// resharded as `redis-cli --cluster reshard` does): the old node answers TRYAGAIN, the
+/// client sends the wait again where the key now lives, and it is granted there once the
+/// holder releases, with a larger token. Never a token while the holder still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_follows_its_key_when_the_slot_is_resharded() {
+    use redis_lock_testkit::{finish_slot_move, int, start_slot_move};
+    let nodes = start_cluster(3);
+    let key = "moving:{slot}";
+    let (src, reply) = follow_moved(nodes[0].port, &["LOCK.ACQUIRE", key, "holder", "60000"]);
+    let Ok(Value::Int(held)) = reply else {
+        panic!("{reply:?}");
+    };
+    let dst = nodes.iter().map(|n| n.port).find(|p| *p != src).unwrap();
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let client =
+        AsyncLockClient::cluster(&[format!("redis://127.0.0.1:{}/", nodes[0].port)], TIMEOUT)
+            .unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let got = client
+                .lock(key, Duration::from_secs(30), Duration::from_secs(20))
+                .await
+                .map(|g| (g.fencing_token().unwrap(), g));
+            (got, started.elapsed())
+        })
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while client.info(key).await.unwrap().map_or(0, |i| i.waiting) != 1 {
+        assert!(Instant::now() < deadline, "the wait did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let slot = {
+        let mut c = redis_lock_testkit::connect(src).unwrap();
+        u16::try_from(int(&mut c, &["CLUSTER", "KEYSLOT", key])).unwrap()
+    };
+    tokio::task::spawn_blocking(move || start_slot_move(slot, src, dst))
+        .await
+        .unwrap();
+    // The wait is queued again on the new node, behind the holder that moved with the key.
+    let on_target = || {
+        // The slot is importing there: only a request after ASKING is served.
+        let mut c = redis_lock_testkit::connect(dst).unwrap();
+        redis_lock_testkit::query(&mut c, &["ASKING"]).unwrap();
+        redis_lock_testkit::waiting(&mut c, key)
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while on_target() != 1 {
+        assert!(!waiter.is_finished(), "the wait ended on the old node");
+        assert!(
+            Instant::now() < deadline,
+            "the wait was not queued on the new node"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::task::spawn_blocking(move || finish_slot_move(slot, dst, &ports))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiter.is_finished(),
+        "granted while the holder still holds"
+    );
+    let (answered, released) = follow_moved(dst, &["LOCK.RELEASE", key, "holder"]);
+    assert_eq!((answered, released), (dst, Ok(Value::Int(0))));
+    let (got, waited) = waiter.await.unwrap();
+    let (token, guard) = got.unwrap();
+    assert!(token > held as u64, "{token} after {held}");
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    assert_eq!(holders_on(dst, key), vec![guard.owner().to_string()]);
+    guard.release().await.unwrap();
+}
+
+/// The same move while the holder keeps the lock: the wait ends within its time (plus the
+/// client's margins) with no lock, and leaves nothing queued or held on either node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_wait_still_ends_in_time_without_the_lock() {
+    use redis_lock_testkit::{int, start_slot_move};
+    let nodes = start_cluster(3);
+    let key = "moving:{bounded}";
+    let (src, reply) = follow_moved(nodes[0].port, &["LOCK.ACQUIRE", key, "holder", "60000"]);
+    assert!(matches!(reply, Ok(Value::Int(_))), "{reply:?}");
+    let dst = nodes.iter().map(|n| n.port).find(|p| *p != src).unwrap();
+    let client =
+        AsyncLockClient::cluster(&[format!("redis://127.0.0.1:{}/", nodes[0].port)], TIMEOUT)
+            .unwrap();
+    let wait = Duration::from_secs(3);
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let got = client.lock(key, Duration::from_secs(30), wait).await;
+            (got.map(|g| g.fencing_token()), started.elapsed())
+        })
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while client.info(key).await.unwrap().map_or(0, |i| i.waiting) != 1 {
+        assert!(Instant::now() < deadline, "the wait did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let slot = {
+        let mut c = redis_lock_testkit::connect(src).unwrap();
+        u16::try_from(int(&mut c, &["CLUSTER", "KEYSLOT", key])).unwrap()
+    };
+    tokio::task::spawn_blocking(move || start_slot_move(slot, src, dst))
+        .await
+        .unwrap();
+    let (got, waited) = waiter.await.unwrap();
+    // Not granted, as any wait whose time ran out; and within its time (the client's own
+    // bound, were the wait sent again in full on the new node, is wait + timeout + 1 s).
+    assert!(matches!(got, Err(LockError::Held { .. })), "{got:?}");
+    assert!(
+        waited < wait + TIMEOUT + Duration::from_millis(500),
+        "{waited:?}"
+    );
+    // Nothing of it stays queued where the key went.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let mut c = redis_lock_testkit::connect(dst).unwrap();
+        redis_lock_testkit::query(&mut c, &["ASKING"]).unwrap();
+        if redis_lock_testkit::waiting(&mut c, key) == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the wait stayed queued on the new node"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -173,6 +173,36 @@ class Cluster:
         for n in self.nodes:
             n.close()
 
+    def node_on(self, port: int) -> "Server":
+        return next(n for n in self.nodes if n.port == port)
+
+    def start_slot_move(self, slot: int, src: int, dst: int) -> None:
+        """Begins moving ``slot`` from the node on port ``src`` to the one on ``dst`` and
+        migrates its keys, as ``redis-cli --cluster reshard`` does (SETSLOT IMPORTING /
+        MIGRATING, MIGRATE ... KEYS); ``src`` still serves the slot (ASK) until
+        :meth:`finish_slot_move`."""
+        s, d = self.node_on(src).client(), self.node_on(dst).client()
+        try:
+            src_id, dst_id = s.execute_command("CLUSTER", "MYID"), d.execute_command("CLUSTER", "MYID")
+            d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            keys = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+            if keys:
+                s.execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+        finally:
+            s.close()
+            d.close()
+
+    def finish_slot_move(self, slot: int, dst: int) -> None:
+        """``SETSLOT slot NODE`` on every node: the node on ``dst`` owns the slot."""
+        d = self.node_on(dst).client()
+        dst_id = d.execute_command("CLUSTER", "MYID")
+        d.close()
+        for n in self.nodes:
+            c = n.client()
+            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            c.close()
+
 
 def spawn_holder(code: str) -> "subprocess.Popen[str]":
     """A Python child process that runs ``code`` (with ``redis`` and ``redis_lock_client``

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import redis.asyncio.cluster
 
@@ -105,3 +105,144 @@ def test_cluster_locks_asyncio(cluster: kit.Cluster) -> None:
         await rc.aclose() if hasattr(rc, "aclose") else await rc.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _waiting_on(cluster: kit.Cluster, port: int, key: str, asking: bool) -> int:
+    """LOCK.INFO's ``waiting`` on one node (after ASKING while the slot is importing there)."""
+    c = cluster.node_on(port).client()
+    try:
+        pipe = c.pipeline(transaction=False)
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.execute_command("LOCK.INFO", key)
+        info = pipe.execute()[-1]
+        if info is None:
+            return 0
+        fields = info if isinstance(info, dict) else dict(zip(info[::2], info[1::2]))
+        return int(fields.get(b"waiting", fields.get("waiting", 0)))
+    finally:
+        c.close()
+
+
+def _reshard_under_a_waiter(cluster: kit.Cluster, key: str, start_waiter: Callable[[], Any], done: Callable[[], bool]) -> int:
+    """Holds ``key`` as ``holder`` on its node, starts a waiter there, moves the key's slot to
+    another node as ``redis-cli --cluster reshard`` does, checks that the waiter is queued
+    again on the new node (and not granted while the holder holds), then releases the holder
+    there. Returns the holder's token. The slot is moved back afterwards."""
+    rc = cluster.client()
+    slot = rc.keyslot(key)
+    src = rc.get_node_from_key(key).port
+    dst = next(n.port for n in cluster.nodes if n.port != src)
+    direct = cluster.node_on(src).client()
+    held = direct.execute_command("LOCK.ACQUIRE", key, "holder", 60000)
+    start_waiter()
+    wait_for(lambda: _waiting_on(cluster, src, key, False) == 1, 10, what="the waiter queued")
+    cluster.start_slot_move(slot, src, dst)
+    wait_for(lambda: _waiting_on(cluster, dst, key, True) == 1, 10, what="the waiter queued on the new node")
+    assert not done(), "the wait ended on the old node"
+    cluster.finish_slot_move(slot, dst)
+    time.sleep(0.1)
+    assert not done(), "granted while the holder still holds"
+    new = cluster.node_on(dst).client()
+    assert new.execute_command("LOCK.RELEASE", key, "holder") == 0
+    wait_for(done, 10, what="the waiter granted on the new node")
+    # Put the slot back where it was for the other tests (the waiter has released by then).
+    wait_for(lambda: new.exists(key) == 0, 10, what="the waiter's release")
+    cluster.start_slot_move(slot, dst, src)
+    cluster.finish_slot_move(slot, src)
+    new.close()
+    direct.close()
+    rc.close()
+    return int(held)
+
+
+def test_cluster_wait_follows_a_resharded_key_sync(cluster: kit.Cluster) -> None:
+    flush(cluster)
+    rc = cluster.client()
+    key = "moving:{sync}"
+    lock = Lock(rc, key, timeout=30, blocking_timeout=20, thread_local=False)
+    out: Dict[str, Any] = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        out["got"] = lock.acquire()
+        out["token"] = lock.fencing_token
+        out["waited"] = time.monotonic() - t0
+        lock.release()
+        out["done"] = True
+
+    t = threading.Thread(target=run)
+    held = _reshard_under_a_waiter(cluster, key, t.start, lambda: "got" in out)
+    t.join(10)
+    assert out["got"] is True and out.get("done")
+    assert out["token"] > held
+    assert out["waited"] < 20
+    rc.close()
+
+
+def test_cluster_wait_follows_a_resharded_key_asyncio(cluster: kit.Cluster) -> None:
+    flush(cluster)
+    key = "moving:{async}"
+    out: Dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def run() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        lock = alock.Lock(rc, key, timeout=30, blocking_timeout=20)
+        ready.set()
+        t0 = time.monotonic()
+        out["got"] = await lock.acquire()
+        out["token"] = lock.fencing_token
+        out["waited"] = time.monotonic() - t0
+        await lock.release()
+        out["done"] = True
+        await rc.aclose()
+
+    t = threading.Thread(target=lambda: asyncio.run(run()))
+    held = _reshard_under_a_waiter(cluster, key, t.start, lambda: "got" in out)
+    t.join(10)
+    assert out["got"] is True and out.get("done")
+    assert out["token"] > held
+    assert out["waited"] < 20
+
+
+def test_cluster_moved_wait_ends_in_time_without_the_lock(cluster: kit.Cluster) -> None:
+    """The key moves while its holder keeps it: the wait queues again on the new node with
+    what is left of its time, and ends then, not granted (as any wait that runs out)."""
+    flush(cluster)
+    rc = cluster.client()
+    key = "moving:{bounded}"
+    slot = rc.keyslot(key)
+    src = rc.get_node_from_key(key).port
+    dst = next(n.port for n in cluster.nodes if n.port != src)
+    direct = cluster.node_on(src).client()
+    direct.execute_command("LOCK.ACQUIRE", key, "holder", 60000)
+    lock = Lock(rc, key, timeout=30, blocking_timeout=3, thread_local=False)
+    out: Dict[str, Any] = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            out["got"] = lock.acquire()
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            out["got"] = e
+        out["waited"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for(lambda: _waiting_on(cluster, src, key, False) == 1, 10, what="the waiter queued")
+    time.sleep(1.5)
+    cluster.start_slot_move(slot, src, dst)
+    t.join(10)
+    assert out["got"] is False, out
+    assert out["waited"] < 3.5, out
+    wait_for(lambda: _waiting_on(cluster, dst, key, True) == 0, 10, what="nothing queued on the new node")
+    # Put the slot back for the other tests.
+    cluster.finish_slot_move(slot, dst)
+    new = cluster.node_on(dst).client()
+    assert new.execute_command("LOCK.RELEASE", key, "holder") == 0
+    cluster.start_slot_move(slot, dst, src)
+    cluster.finish_slot_move(slot, src)
+    new.close()
+    direct.close()
+    rc.close()

@@ -23,6 +23,7 @@ pub mod commands;
 pub mod context;
 pub mod datatype;
 pub mod events;
+pub mod filter;
 pub mod guard;
 pub mod info;
 pub mod key;

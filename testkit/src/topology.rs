@@ -128,3 +128,67 @@ pub fn follow_moved(mut port: u16, words: &[&str]) -> (u16, redis::RedisResult<V
     }
     panic!("redirect loop for {words:?}");
 }
+
+/// The cluster node id of the node on `port`.
+pub fn node_id(port: u16) -> String {
+    let mut c = connect(port).unwrap_or_else(|| panic!("node {port} unreachable"));
+    match query(&mut c, &["CLUSTER", "MYID"]) {
+        Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).to_string(),
+        Ok(Value::SimpleString(s)) => s,
+        other => panic!("CLUSTER MYID: {other:?}"),
+    }
+}
+
+/// Starts moving hash slot `slot` from the node on `from` to the node on `to` and moves its
+/// keys, as `redis-cli --cluster reshard` does: `SETSLOT IMPORTING` on the target, `SETSLOT
+/// MIGRATING` on the source, then `MIGRATE ... KEYS` of every key of the slot. The slot is
+/// then still served by `from` (ASK redirects for the moved keys) until [`finish_slot_move`].
+pub fn start_slot_move(slot: u16, from: u16, to: u16) {
+    let slot = slot.to_string();
+    let (from_id, to_id) = (node_id(from), node_id(to));
+    let mut src = connect(from).expect("source node");
+    let mut dst = connect(to).expect("target node");
+    query(
+        &mut dst,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id],
+    )
+    .expect("IMPORTING");
+    query(
+        &mut src,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id],
+    )
+    .expect("MIGRATING");
+    let Ok(Value::Array(keys)) = query(&mut src, &["CLUSTER", "GETKEYSINSLOT", &slot, "1000"])
+    else {
+        panic!("GETKEYSINSLOT");
+    };
+    if keys.is_empty() {
+        return;
+    }
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS");
+    for k in keys {
+        if let Value::BulkString(k) = k {
+            migrate.arg(k);
+        }
+    }
+    let reply: redis::RedisResult<Value> = migrate.query(&mut src);
+    assert_eq!(reply, Ok(Value::Okay), "MIGRATE");
+}
+
+/// Ends a slot move begun by [`start_slot_move`]: `SETSLOT slot NODE target` on every node of
+/// `ports`, so the target owns the slot and the others answer MOVED.
+pub fn finish_slot_move(slot: u16, to: u16, ports: &[u16]) {
+    let slot = slot.to_string();
+    let to_id = node_id(to);
+    for p in ports {
+        let mut c = connect(*p).expect("node");
+        query(&mut c, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]).expect("SETSLOT NODE");
+    }
+}

@@ -462,3 +462,35 @@ def dedicated_kwargs(kwargs: Dict[str, Any], socket_timeout: Optional[float]) ->
     if "retry_on_error" in out:
         out["retry_on_error"] = []
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Keys moved to another cluster node while a request waited (resharding)
+
+#: How many times one waiting acquire follows its key to another node before it gives up (a
+#: slot moves once per reshard; more means the cluster is moving it back and forth).
+MAX_KEY_MOVES = 5
+
+
+@dataclass(frozen=True)
+class KeyMoved:
+    """Where a waiting request goes next after its node said the key is elsewhere: ``TRYAGAIN``
+    (the module: MIGRATE moved the key while the request waited; ask where the slot map says),
+    ``ASK host:port`` (the slot is being moved: ask that node, after ``ASKING``) or ``MOVED
+    host:port`` (that node owns the slot now)."""
+
+    address: Optional[Tuple[str, int]]
+    asking: bool
+
+
+def key_moved(err: BaseException) -> Optional[KeyMoved]:
+    """The :class:`KeyMoved` an error reply means, or None for any other error."""
+    from redis.exceptions import AskError, MovedError, TryAgainError
+
+    if isinstance(err, MovedError):
+        return KeyMoved((str(err.host), int(err.port)), False)
+    if isinstance(err, AskError):
+        return KeyMoved((str(err.host), int(err.port)), True)
+    if isinstance(err, TryAgainError):
+        return KeyMoved(None, False)
+    return None

@@ -39,6 +39,7 @@ from redis.exceptions import (
 
 from ._common import (
     EXTEND_SCRIPT,
+    MAX_KEY_MOVES,
     SINGLE_SERVER_MARGIN,
     UNLIMITED_TTL_MS,
     WAIT_READ_MARGIN,
@@ -59,6 +60,7 @@ from ._common import (
     encode_token,
     grant_token,
     is_notowner,
+    key_moved,
     make_error,
     map_response_error,
     new_token,
@@ -488,10 +490,7 @@ class Lock:
         ttl = None if self._ttl_ms is None else self._ttl_ms / 1000
         started = time.monotonic()
         if req.bind:
-            source = _source_of(self.redis, self.name)
-            conn = _take(source)
-            w = None if wait is None else (0 if wait == math.inf else wait_ms(wait))
-            reply = await self._send(conn, source, req.args(self.name, owner, w), wait, owner)
+            reply, conn, source = await self._send_following(req, owner, wait, started)
             fence = grant_token(reply)
             if fence is None:
                 _give_back(source, conn)
@@ -506,18 +505,50 @@ class Lock:
             return _Hold(owner, fence, ttl, self._valid_until(ttl, started, False))
         if wait is None:
             return None
-        remaining = wait - (time.monotonic() - started)
-        if remaining <= 0:
+        if wait - (time.monotonic() - started) <= 0:
             return None
-        source = _source_of(self.redis, self.name)
-        conn = _take(source)
-        w = 0 if remaining == math.inf else wait_ms(remaining)
-        reply = await self._send(conn, source, req.args(self.name, owner, w), remaining, owner)
+        reply, conn, source = await self._send_following(req, owner, wait, started)
         _give_back(source, conn)
         fence = grant_token(reply)
         if fence is None:
             return None
         return _Hold(owner, fence, ttl, self._valid_until(ttl, started, True))
+
+    async def _send_following(self, req: Request, owner: bytes, wait: Optional[float], started: float) -> Any:
+        """As the sync class's: the request over a connection of ours to the key's node,
+        sent again (with what is left of the wait) where the key now lives when a
+        ``RedisCluster`` node answers ``TRYAGAIN``, ``ASK`` or ``MOVED``. Returns (reply,
+        connection, source)."""
+        moved = None
+        for attempt in range(MAX_KEY_MOVES + 1):
+            remaining = None if wait is None else wait - (time.monotonic() - started)
+            source = self._source_for(moved)
+            conn = _take(source)
+            if remaining is not None and remaining <= 0:
+                return None, conn, source  # the wait was spent before the key was found
+            w = None if remaining is None else (0 if remaining == math.inf else wait_ms(remaining))
+            try:
+                if moved is not None and moved.asking:
+                    await self._send(conn, source, ["ASKING"], None, owner)
+                reply = await self._send(conn, source, req.args(self.name, owner, w), remaining, owner)
+                return reply, conn, source
+            except ResponseError as e:
+                moved = key_moved(getattr(e, "__cause__", None) or e)
+                if moved is None or attempt == MAX_KEY_MOVES or not self._follows_moves():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _follows_moves(self) -> bool:
+        return getattr(self.redis, "get_node_from_key", None) is not None
+
+    def _source_for(self, moved: Any) -> Any:
+        """The node (or pool) the request goes to: the key's by the slot map, or the one an
+        ``ASK`` / ``MOVED`` named."""
+        if moved is None or moved.address is None or not self._follows_moves():
+            return _source_of(self.redis, self.name)
+        host, port = moved.address
+        node = self.redis.get_node(host=host, port=port)
+        return node if node is not None else _source_of(self.redis, self.name)
 
     async def _send(self, conn: Any, source: Any, args: List[Any], wait: Optional[float], owner: bytes) -> Any:
         default = _default_timeout(source)

@@ -23,6 +23,7 @@ from redis.exceptions import (
 from . import _connections as conns
 from ._common import (
     EXTEND_SCRIPT,
+    MAX_KEY_MOVES,
     SINGLE_SERVER_MARGIN,
     UNLIMITED_TTL_MS,
     WAIT_READ_MARGIN,
@@ -38,6 +39,7 @@ from ._common import (
     encode_token,
     grant_token,
     is_notowner,
+    key_moved,
     make_error,
     map_response_error,
     new_token,
@@ -390,10 +392,7 @@ class Lock:
         if req.bind:
             # The request goes over the connection the hold will be bound to (for a wait as
             # well: a waiter's grant is bound to its own connection).
-            pool = conns.pool_of(self.redis, self.name)
-            conn = conns.take(pool)
-            w = None if wait is None else (0 if wait == math.inf else wait_ms(wait))
-            reply = self._send(conn, pool, req.args(self.name, owner, w), wait, owner)
+            reply, conn, pool = self._send_following(req, owner, wait, started)
             fence = grant_token(reply)
             if fence is None:
                 conns.give_back(pool, conn)
@@ -408,18 +407,53 @@ class Lock:
             return _Hold(owner, fence, ttl, self._valid_until(ttl, started, None))
         if wait is None:
             return None
-        remaining = wait - (time.monotonic() - started)
-        if remaining <= 0:
+        if wait - (time.monotonic() - started) <= 0:
             return None
-        w = 0 if remaining == math.inf else wait_ms(remaining)
-        pool = conns.pool_of(self.redis, self.name)
-        conn = conns.take(pool)
-        reply = self._send(conn, pool, req.args(self.name, owner, w), remaining, owner)
+        reply, conn, pool = self._send_following(req, owner, wait, started)
         conns.give_back(pool, conn)
         fence = grant_token(reply)
         if fence is None:
             return None
         return _Hold(owner, fence, ttl, self._valid_until(ttl, started, wait))
+
+    def _send_following(self, req: Request, owner: bytes, wait: Optional[float], started: float) -> Any:
+        """Sends the request (with ``wait``: the part of it not yet spent since ``started``)
+        over a connection of ours to the node that owns the key; returns (reply, connection,
+        pool). On a ``RedisCluster``, if the key moved to another node while the request
+        waited (resharding: the module answers ``TRYAGAIN``; a stale slot map gets ``ASK`` or
+        ``MOVED``), the request is sent again where the key now lives, with what is left of
+        the wait, so it queues there instead of failing or waiting past its time."""
+        moved = None
+        for attempt in range(MAX_KEY_MOVES + 1):
+            remaining = None if wait is None else wait - (time.monotonic() - started)
+            pool = self._pool_for(moved)
+            conn = conns.take(pool)
+            if remaining is not None and remaining <= 0:
+                return None, conn, pool  # the wait was spent before the key was found
+            w = None if remaining is None else (0 if remaining == math.inf else wait_ms(remaining))
+            try:
+                if moved is not None and moved.asking:
+                    self._send(conn, pool, ["ASKING"], None, owner)
+                return self._send(conn, pool, req.args(self.name, owner, w), remaining, owner), conn, pool
+            except ResponseError as e:
+                moved = key_moved(getattr(e, "__cause__", None) or e)
+                if moved is None or attempt == MAX_KEY_MOVES or not self._follows_moves():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _follows_moves(self) -> bool:
+        return getattr(self.redis, "get_node_from_key", None) is not None
+
+    def _pool_for(self, moved: Any) -> Any:
+        """The pool of the node the request goes to: the key's by the slot map, or the one an
+        ``ASK`` / ``MOVED`` named."""
+        if moved is None or moved.address is None or not self._follows_moves():
+            return conns.pool_of(self.redis, self.name)
+        host, port = moved.address
+        node = self.redis.get_node(host=host, port=port)
+        if node is None:
+            return conns.pool_of(self.redis, self.name)
+        return self.redis.get_redis_connection(node).connection_pool
 
     @staticmethod
     def _valid_until(ttl: Optional[float], started: float, wait: Optional[float]) -> float:
