@@ -29,7 +29,7 @@ impl EventHandler for Events {
             // above the clock's floor, whatever the loaded file missed.
             // A master that loaded bound holds has none of their connections: they end.
             ServerEvent::LoadingEnded => {
-                stats::raise_fences_to_clock();
+                stats::raise_fences_to_clock("after loading");
                 if ctx.get_flags().contains(ContextFlags::MASTER) {
                     orphan_bound_holds(ctx);
                 }
@@ -47,7 +47,7 @@ impl EventHandler for Events {
             // master issued, replicated to this server or not.
             // Bound holds replicated from the old master end: their connections were there.
             ServerEvent::BecameMaster => {
-                stats::raise_fences_to_clock();
+                stats::raise_fences_to_clock("on promotion");
                 orphan_bound_holds(ctx);
                 for_each_key_of(ctx, &LOCK_TYPE, &[], settle::mark_dirty);
             }
