@@ -162,13 +162,22 @@ fn tokens_read_through_eval_compare_correctly() {
     let guarded = "local r = redis.call('LOCK.INFO', KEYS[1]) \
                    if r[2] == tonumber(ARGV[1]) then return 1 else return 0 end";
     assert_eq!(
-        int(&mut c, &["EVAL_RO", guarded, "1", "eval-key", &token.to_string()]),
+        int(
+            &mut c,
+            &["EVAL_RO", guarded, "1", "eval-key", &token.to_string()]
+        ),
         1
     );
     assert_eq!(
         int(
             &mut c,
-            &["EVAL_RO", guarded, "1", "eval-key", &(token - 1).to_string()]
+            &[
+                "EVAL_RO",
+                guarded,
+                "1",
+                "eval-key",
+                &(token - 1).to_string()
+            ]
         ),
         0,
         "the previous token is told apart"
@@ -180,23 +189,24 @@ fn tokens_read_through_eval_compare_correctly() {
 /// replica's promotion.
 #[test]
 fn tokens_stay_below_2_53_after_reload_restart_and_promotion() {
-    let mut server = Server::start_with(&[
-        "--appendonly",
-        "yes",
-        "--enable-debug-command",
-        "yes",
-    ]);
+    let mut server = Server::start_with(&["--appendonly", "yes", "--enable-debug-command", "yes"]);
     let mut c = server.client();
     let mut last = grant_many(&mut c, "first", 5);
     assert!(last <= MAX_EXACT, "first tokens: {last}");
     assert_eq!(query(&mut c, &["DEBUG", "RELOAD"]).unwrap(), Value::Okay);
     let next = next_token(&mut c, "after-reload");
-    assert!(next > last && next <= MAX_EXACT, "after DEBUG RELOAD: {next} (before {last})");
+    assert!(
+        next > last && next <= MAX_EXACT,
+        "after DEBUG RELOAD: {next} (before {last})"
+    );
     last = next;
     server.crash_and_restart();
     let mut c = server.client();
     let next = next_token(&mut c, "after-restart");
-    assert!(next > last && next <= MAX_EXACT, "after a restart: {next} (before {last})");
+    assert!(
+        next > last && next <= MAX_EXACT,
+        "after a restart: {next} (before {last})"
+    );
 
     let (master, replica) = master_and_replica(&[]);
     let mut m = master.client();
@@ -206,7 +216,10 @@ fn tokens_stay_below_2_53_after_reload_restart_and_promotion() {
     let mut r = replica.client();
     query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
     let next = next_token(&mut r, "after-promotion");
-    assert!(next > max && next <= MAX_EXACT, "after promotion: {next} (before {max})");
+    assert!(
+        next > max && next <= MAX_EXACT,
+        "after promotion: {next} (before {max})"
+    );
 }
 
 /// A token from a pre-release build, whose floor was `unix_ms << 20` (about 1.88e18 in 2026;
@@ -251,11 +264,19 @@ fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
         .expect("a value from a pre-release build is restored");
     assert_eq!(info_int(&mut c, "legacy", "fence"), LEGACY as i64);
     let first = next_token(&mut c, "fresh");
-    assert_eq!(first, LEGACY as i64 + 1, "counting on from the restored token");
+    assert_eq!(
+        first,
+        LEGACY as i64 + 1,
+        "counting on from the restored token"
+    );
     let after = grant_many(&mut c, "many", 50);
     assert!(after > first);
     let logged = warnings(&server);
-    assert_eq!(logged.len(), 1, "one warning for the RESTORE, none per grant: {logged:#?}");
+    assert_eq!(
+        logged.len(),
+        1,
+        "one warning for the RESTORE, none per grant: {logged:#?}"
+    );
 
     // Saved and loaded: the RDB's counter and value carry it; loading ends with one warning.
     assert_eq!(query(&mut c, &["SAVE"]).unwrap(), Value::Okay);
@@ -277,7 +298,10 @@ fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
     drop(server);
     query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
     let promoted = next_token(&mut r, "after-promotion");
-    assert!(promoted > streamed, "after promotion: {promoted} (before {streamed})");
+    assert!(
+        promoted > streamed,
+        "after promotion: {promoted} (before {streamed})"
+    );
     let logged = warnings(&replica);
     assert!(
         (1..=2).contains(&logged.len()),

@@ -53,11 +53,27 @@ fn shapes(c: &mut Connection) -> Vec<(&'static str, Vec<u8>)> {
     int(c, &["LOCK.SEMACQUIRE", "s:sem", "p1", "5", "600000"]);
     int(c, &["LOCK.SEMACQUIRE", "s:sem", "p2", "5", "600000"]);
     int(c, &["LOCK.SEMACQUIRE", "s:sem", "p2", "5", "600000"]);
-    int(c, &["LOCK.ACQUIRE", "s:delay", "d", "30", "LOCKDELAY", "600000"]);
+    int(
+        c,
+        &["LOCK.ACQUIRE", "s:delay", "d", "30", "LOCKDELAY", "600000"],
+    );
     int(c, &["LOCK.ACQUIRE", "s:bound", "b", "600000", "BIND"]);
-    int(c, &["LOCK.RWREAD", "s:bound-readers", "b1", "600000", "BIND"]);
+    int(
+        c,
+        &["LOCK.RWREAD", "s:bound-readers", "b1", "600000", "BIND"],
+    );
     int(c, &["LOCK.RWREAD", "s:bound-readers", "b2", "600000"]);
-    int(c, &["LOCK.ACQUIRE", "s:held-delay", "h", "600000", "LOCKDELAY", "1000"]);
+    int(
+        c,
+        &[
+            "LOCK.ACQUIRE",
+            "s:held-delay",
+            "h",
+            "600000",
+            "LOCKDELAY",
+            "1000",
+        ],
+    );
     let long = "o".repeat(100);
     int(c, &["LOCK.ACQUIRE", "s:long", &long, "600000"]);
     // The delayed key's hold expires; its lock-delay is then pending.
@@ -178,7 +194,8 @@ fn mutate(rng: &mut Rng, original: &ModuleDump, now: u64) -> Vec<u8> {
             }
             8 => {
                 let at = rng.below(n + 1);
-                d.fields.insert(at, Field::Unsigned(interesting(rng, now, 0)));
+                d.fields
+                    .insert(at, Field::Unsigned(interesting(rng, now, 0)));
             }
             _ => {
                 // Another encoding version (0 to 3).
@@ -247,7 +264,10 @@ fn mutated_dumps_of_every_shape_are_refused_or_work_with_every_command() {
         .iter()
         .map(|(name, p)| {
             let d = ModuleDump::parse(p);
-            (*name, d.unwrap_or_else(|| panic!("{name}: not a module value payload: {p:?}")))
+            (
+                *name,
+                d.unwrap_or_else(|| panic!("{name}: not a module value payload: {p:?}")),
+            )
         })
         .collect();
     for (name, d) in &parsed {
@@ -376,7 +396,8 @@ fn holder_expiries_of_2_63_and_2_64_minus_1_are_refused() {
     );
     // Among them LOCK.RELEASE ALL of the holder, which serves the waiter.
     assert!(exercise(&mut c, "far", "o").is_empty());
-    far.join().expect("the waiter behind a far expiry is served");
+    far.join()
+        .expect("the waiter behind a far expiry is served");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         query(&mut c, &["PING"]).expect("PING within 5 s"),
@@ -386,4 +407,75 @@ fn holder_expiries_of_2_63_and_2_64_minus_1_are_refused() {
         log_text(&server).contains("expiry out of range"),
         "the refusal is logged"
     );
+}
+
+/// The AOF carries LOCK.SYNC states: one that breaks an invariant (here a holder whose expiry
+/// is 2^63 - 1 ms, the text form of earlier versions, beside a reader a writer joins) is
+/// refused and changes nothing; the rest of the file loads, and the server answers.
+#[test]
+fn an_aof_with_lock_sync_states_that_break_invariants_loads_without_them() {
+    let mut server = Server::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--logfile",
+        "lock.log",
+    ]);
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "current", "me", "600000"]);
+    server.signal("KILL");
+    wait_until("the server is dead", || !server.alive());
+    let dir = server.dir.join("appendonlydir");
+    let incr = std::fs::read_dir(&dir)
+        .expect("appendonlydir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("an incr AOF file");
+    let soon = now_ms() + 600_000;
+    let far = format!("1 write {} 7 7 9", i64::MAX);
+    let reader = format!("1 read {soon} 8 8 9");
+    let writer = format!("1 write {soon} 9 9 9");
+    let token_above_fence = format!("1 read {soon} 9 8 9");
+    let mut aof = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&incr)
+        .expect("open aof");
+    use std::io::Write;
+    aof.write_all(&resp(&["SELECT", "0"])).expect("write");
+    for (key, owner, state) in [
+        ("far", "o", far.as_str()),
+        ("rw", "r", reader.as_str()),
+        ("rw", "w", writer.as_str()),
+        ("above", "o", token_above_fence.as_str()),
+    ] {
+        aof.write_all(&resp(&["LOCK.SYNC", key, owner, state]))
+            .expect("write");
+    }
+    drop(aof);
+    server.crash_and_restart();
+    let mut c = server.client();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        query(&mut c, &["PING"]).expect("PING within 5 s"),
+        Value::SimpleString("PONG".into())
+    );
+    assert_eq!(
+        int(&mut c, &["EXISTS", "far"]),
+        0,
+        "the far expiry was refused"
+    );
+    assert_eq!(
+        int(&mut c, &["EXISTS", "above"]),
+        0,
+        "the token above the fence was refused"
+    );
+    assert_eq!(
+        holders(&mut c, "rw"),
+        vec![("r".to_string(), 1)],
+        "no writer beside a reader"
+    );
+    assert_eq!(holders(&mut c, "current"), vec![("me".to_string(), 1)]);
+    assert!(exercise(&mut c, "rw", "r").is_empty());
 }

@@ -362,7 +362,17 @@ mod tests {
             ("fence", v2(MAX_TOKEN + 1, &[], 0)),
             ("token above fence", v2(4, &[h(b"w", 0, 5)], 0)),
             ("token 0", v2(4, &[h(b"w", 0, 0)], 0)),
-            ("count 0", v2(4, &[H { count: 0, ..h(b"w", 0, 4) }], 0)),
+            (
+                "count 0",
+                v2(
+                    4,
+                    &[H {
+                        count: 0,
+                        ..h(b"w", 0, 4)
+                    }],
+                    0,
+                ),
+            ),
             (
                 "count",
                 v2(
@@ -431,18 +441,54 @@ mod tests {
                     0,
                 ),
             ),
-            ("writer beside reader", v2(4, &[h(b"w", 0, 3), h(b"r", 1, 4)], 0)),
+            (
+                "writer beside reader",
+                v2(4, &[h(b"w", 0, 3), h(b"r", 1, 4)], 0),
+            ),
             ("two writers", v2(4, &[h(b"w", 0, 3), h(b"v", 0, 4)], 0)),
-            ("permit beside lock", v2(4, &[h(b"p", 2, 3), h(b"r", 1, 4)], 0)),
+            (
+                "permit beside lock",
+                v2(4, &[h(b"p", 2, 3), h(b"r", 1, 4)], 0),
+            ),
             (
                 "capacities differ",
-                v2(4, &[h(b"p", 2, 3), H { capacity: 4, ..h(b"q", 2, 4) }], 0),
+                v2(
+                    4,
+                    &[
+                        h(b"p", 2, 3),
+                        H {
+                            capacity: 4,
+                            ..h(b"q", 2, 4)
+                        },
+                    ],
+                    0,
+                ),
             ),
             (
                 "permits beyond capacity",
-                v2(4, &[h(b"p", 2, 3), H { count: 3, ..h(b"q", 2, 4) }], 0),
+                v2(
+                    4,
+                    &[
+                        h(b"p", 2, 3),
+                        H {
+                            count: 3,
+                            ..h(b"q", 2, 4)
+                        },
+                    ],
+                    0,
+                ),
             ),
-            ("capacity 0", v2(4, &[H { capacity: 0, ..h(b"p", 2, 4) }], 0)),
+            (
+                "capacity 0",
+                v2(
+                    4,
+                    &[H {
+                        capacity: 0,
+                        ..h(b"p", 2, 4)
+                    }],
+                    0,
+                ),
+            ),
             (
                 "capacity 2^31",
                 v2(
@@ -454,7 +500,17 @@ mod tests {
                     0,
                 ),
             ),
-            ("capacity on a lock", v2(4, &[H { capacity: 2, ..h(b"w", 0, 4) }], 0)),
+            (
+                "capacity on a lock",
+                v2(
+                    4,
+                    &[H {
+                        capacity: 2,
+                        ..h(b"w", 0, 4)
+                    }],
+                    0,
+                ),
+            ),
             ("duplicate owner", v2(4, &[h(b"r", 1, 3), h(b"r", 1, 4)], 0)),
             ("empty owner", v2(4, &[h(b"", 0, 4)], 0)),
             ("long owner", v2(4, &[h(&long, 0, 4)], 0)),

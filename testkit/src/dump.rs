@@ -221,7 +221,16 @@ mod tests {
 
     #[test]
     fn lengths_round_trip() {
-        for v in [0, 63, 64, 16383, 16384, u64::from(u32::MAX), 1 << 32, u64::MAX] {
+        for v in [
+            0,
+            63,
+            64,
+            16383,
+            16384,
+            u64::from(u32::MAX),
+            1 << 32,
+            u64::MAX,
+        ] {
             let mut out = Vec::new();
             write_len(&mut out, v);
             let mut at = 0;
