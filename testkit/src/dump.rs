@@ -93,11 +93,11 @@ fn lzf_decompress(input: &[u8], expected: usize) -> Option<Vec<u8>> {
             }
             let back = ((ctrl & 0x1f) << 8) + usize::from(*input.get(ip)?) + 1;
             ip += 1;
-            let mut from = out.len().checked_sub(back)?;
-            for _ in 0..len + 2 {
+            let start = out.len().checked_sub(back)?;
+            // Byte by byte: the copy may overlap what it writes (a repeated run).
+            for from in start..start + len + 2 {
                 let b = out[from];
                 out.push(b);
-                from += 1;
             }
         }
     }
