@@ -33,7 +33,7 @@ fn run_ops(lock: &mut Lock, mut now: u64, ops: &[u8], fences: &mut FenceCounter)
             events: &mut events,
         };
         match kind % 8 {
-            0 | 1 | 2 => {
+            0..=2 => {
                 let mode = [Mode::Write, Mode::Read, Mode::Permit][usize::from(kind % 8)];
                 let req = Request {
                     owner,
@@ -41,9 +41,17 @@ fn run_ops(lock: &mut Lock, mut now: u64, ops: &[u8], fences: &mut FenceCounter)
                     ttl,
                     options: HoldOptions {
                         bound_to: (arg & 0x80 != 0).then_some(7),
-                        lock_delay: if mode == Mode::Write { u64::from(arg & 3) * 50 } else { 0 },
+                        lock_delay: if mode == Mode::Write {
+                            u64::from(arg & 3) * 50
+                        } else {
+                            0
+                        },
                     },
-                    capacity: if mode == Mode::Permit { u32::from(arg % 4) + 1 } else { 0 },
+                    capacity: if mode == Mode::Permit {
+                        u32::from(arg % 4) + 1
+                    } else {
+                        0
+                    },
                 };
                 let wait = (kind & 0x10 != 0).then_some(WaiterId(i as u64 + 1));
                 let _ = lock.request(req, wait, &mut step);
