@@ -36,7 +36,7 @@ fn key_hash(key: &[u8]) -> u64 {
 /// from the current time and hands the wait to its event loop as an `int` of ms, so a far
 /// deadline (a crafted expiry of 2^63 ms made it overflow into the past: the timer fired, found
 /// nothing due and re-armed in a loop that never let the server answer again) must never reach
-/// it, whatever a value holds. Checked values end by 2^48 ms; this bound holds regardless.
+/// it, whatever a value holds. Checked values end by 2^49 ms; this bound holds regardless.
 const MAX_TIMER_DELAY: Millis = 1 << 30;
 
 /// What a timer carries: the key to look at.

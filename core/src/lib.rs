@@ -43,11 +43,12 @@ pub const MAX_DURATION: Millis = 1 << 47;
 /// Longest accepted owner, in bytes.
 pub const MAX_OWNER_LEN: usize = 1024;
 /// Latest absolute time (Unix ms) a stored or replicated value may carry as an expiry or the
-/// end of a lock-delay: 2^48 ms, the year 10889. Every time this server computes itself is the
-/// clock plus at most [`MAX_DURATION`] (twice over for an expiry followed by its lock-delay),
-/// far below it; a larger one can only come from a corrupt or crafted value, and would overflow
-/// the server's own time arithmetic (its timers count in microseconds).
-pub const MAX_INSTANT: Millis = 1 << 48;
+/// end of a lock-delay: 2^49 ms, about the year 19800. Every time this server computes itself
+/// is the clock plus at most [`MAX_DURATION`], twice over for an expiry followed by its
+/// lock-delay, so below 2^49 until the year 10889; a larger one can only come from a corrupt or
+/// crafted value, and would overflow the server's own time arithmetic (its timers count in
+/// microseconds).
+pub const MAX_INSTANT: Millis = 1 << 49;
 /// Largest hold count a stored or replicated value may carry: counts are replied as RESP
 /// (signed 64-bit) integers.
 pub const MAX_COUNT: u64 = i64::MAX as u64;

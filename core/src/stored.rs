@@ -322,6 +322,41 @@ mod tests {
         assert_eq!(back.fence(), lock.fence());
     }
 
+    /// The longest TTL followed by the longest lock-delay ends within range: whatever this build
+    /// writes, it reads back (until the year 10889).
+    #[test]
+    fn the_farthest_times_this_build_computes_are_accepted() {
+        let now: Millis = 1_795_000_000_000;
+        let mut fences = FenceCounter::default();
+        let mut events = Vec::new();
+        let mut lock = Lock::new();
+        let req = Request {
+            owner: b"w",
+            mode: Mode::Write,
+            ttl: MAX_DURATION,
+            options: HoldOptions {
+                bound_to: None,
+                lock_delay: MAX_DURATION,
+            },
+            capacity: 0,
+        };
+        let mut step = Step {
+            now,
+            fences: &mut fences,
+            events: &mut events,
+        };
+        lock.request(req, None, &mut step);
+        decode_bytes(&encoded(&lock), ENCODING_VERSION).unwrap();
+        let mut step = Step {
+            now: now + MAX_DURATION,
+            fences: &mut fences,
+            events: &mut events,
+        };
+        lock.settle(&mut step);
+        assert_eq!(lock.delay_until(), now + 2 * MAX_DURATION);
+        decode_bytes(&encoded(&lock), ENCODING_VERSION).unwrap();
+    }
+
     #[test]
     fn valid_shapes_are_accepted() {
         let ok = [
