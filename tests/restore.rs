@@ -480,3 +480,80 @@ fn an_aof_with_lock_sync_states_that_break_invariants_loads_without_them() {
     assert_eq!(holders(&mut c, "current"), vec![("me".to_string(), 1)]);
     assert!(exercise(&mut c, "rw", "r").is_empty());
 }
+
+/// An RDB file holding a lock value that breaks an invariant (a holder expiry of 2^63 ms,
+/// written over a saved one, the file's checksum recomputed) makes the load fail: the server
+/// logs why and exits, as with any corrupt RDB, instead of starting with the value (on a build
+/// without the checks it started and then spun on the value's timer).
+#[test]
+fn an_rdb_with_a_value_that_breaks_an_invariant_fails_the_load() {
+    let server = Server::start_with(&["--dbfilename", "dump.rdb"]);
+    let mut c = server.client();
+    int(
+        &mut c,
+        &["LOCK.ACQUIRE", "held", "o", "600000", "LOCKDELAY", "1000"],
+    );
+    int(&mut c, &["LOCK.ACQUIRE", "other", "o", "600000"]);
+    let payload = dump(&mut c, "held");
+    assert_eq!(query(&mut c, &["SAVE"]).unwrap(), Value::Okay);
+    let rdb_path = server.dir.join("dump.rdb");
+    let mut rdb = std::fs::read(&rdb_path).expect("dump.rdb");
+    // The value's bytes are the DUMP payload without its type byte and trailer.
+    let value = &payload[1..payload.len() - 10];
+    let forged_payload = with_expiry(&payload, 1 << 63);
+    let forged = &forged_payload[1..forged_payload.len() - 10];
+    assert_eq!(value.len(), forged.len(), "the same field widths");
+    let at = rdb
+        .windows(value.len())
+        .position(|w| w == value)
+        .expect("the value in the RDB file");
+    rdb[at..at + value.len()].copy_from_slice(forged);
+    let body = rdb.len() - 8;
+    let crc = crc64(&rdb[..body]);
+    rdb[body..].copy_from_slice(&crc.to_le_bytes());
+
+    // A second server, on the forged file, in a directory of its own (the first server's goes
+    // with it).
+    let dir = std::env::temp_dir().join(format!(
+        "redis-lock-forged-rdb-{}-{}",
+        std::process::id(),
+        server.port
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dump.rdb"), &rdb).unwrap();
+    drop(c);
+    let port = server.port;
+    drop(server);
+    let mut child = std::process::Command::new(server_binary())
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dbfilename",
+            "dump.rdb",
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--logfile", "lock.log", "--loadmodule"])
+        .arg(module_path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the server");
+    let status = poll_within(PATIENCE, || matches!(child.try_wait(), Ok(Some(_))));
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("lock.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        status.is_ok(),
+        "the server started from the forged RDB instead of failing the load; its log:\n{log}"
+    );
+    assert!(
+        log.contains("bad lock value in RDB: expiry out of range"),
+        "the reason is logged:\n{log}"
+    );
+}
