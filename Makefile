@@ -80,8 +80,8 @@ bench-check-update: deps
 	$(CARGO) build --release
 	python3 scripts/bench-check.py $(CURDIR)/$(MODULE) --update
 
-# cargo-fuzz (libFuzzer) targets in fuzz/: the lock core against its reference model, and the
-# argument parser. FUZZ_SECONDS per target. Installs cargo-fuzz when missing; runs on the
+# cargo-fuzz (libFuzzer) targets in fuzz/: the lock core against its reference model, the
+# argument parser, and the stored-value decoder (RDB load, RESTORE). FUZZ_SECONDS per target. Installs cargo-fuzz when missing; runs on the
 # stable toolchain without a sanitizer (--sanitizer none), with libFuzzer's coverage guidance.
 FUZZ_SECONDS ?= 60
 
@@ -89,6 +89,7 @@ fuzz:
 	@cargo fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && $(CARGO) fuzz run --sanitizer none lock_model -- -max_total_time=$(FUZZ_SECONDS)
 	cd fuzz && $(CARGO) fuzz run --sanitizer none parse_args -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && $(CARGO) fuzz run --sanitizer none stored_value -- -max_total_time=$(FUZZ_SECONDS)
 
 lint: deps
 	python3 scripts/import-graph.py

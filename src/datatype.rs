@@ -1,27 +1,42 @@
 //! The module data type `redislock`: how a lock value is saved, loaded, rewritten into the
 //! AOF, digested, measured, copied and freed, and what happens when it leaves its key.
 //!
-//! RDB encoding, version 2 (waiters are connections and are never saved):
-//! `fence` (unsigned), `holder count` (unsigned), then per holder `owner` (string),
-//! `mode` (unsigned: 0 write, 1 read, 2 semaphore permit), `count`, `expires_at` (absolute
-//! Unix ms), `token`, `bound` (0, or 1 followed by the connection id), `lock_delay`,
-//! `capacity` (the semaphore's, 0 for a lock); then `delay_until` (the pending lock-delay's
-//! end, absolute Unix ms, 0 for none).
-//! Version 1, written before BIND, LOCKDELAY and semaphores, is version 2 without the
-//! per-holder `bound`, `lock_delay` and `capacity` and without `delay_until`, modes 0 and 1
-//! only; it is still read.
-//! The module-wide fencing counter is saved as aux data before the keys.
+//! The RDB encoding, and what a stored value must satisfy to be accepted, are
+//! `redis_lock_core::stored`: the same code reads an RDB file, a `RESTORE` payload and a full
+//! resynchronisation, and the fuzz target drives it from plain bytes. This file lends it
+//! Redis's RDB handles. The module-wide fencing counter is saved as aux data before the keys.
 //!
 //! Bound holds are saved with their connection id: a replica that loads its master's RDB keeps
 //! them (they end on promotion); a master that loads them ends them once loading is over
 //! (`events`), since their connections are gone.
 
-use redis_lock_core::{HoldOptions, Holder, Lock, Mode, PackedOptions, MAX_DURATION};
+use redis_lock_core::stored::{self, FieldSink, FieldSource};
+use redis_lock_core::{Mode, MAX_EXACT_TOKEN, MAX_TOKEN};
 
-use crate::sys::context::log_warning;
+use crate::sys::context::{log_warning, server_is_loading};
 use crate::sys::datatype::{AofWriter, Digest, RdbReader, RdbWriter, TypeHandler};
-use crate::value::{LockType, LockValue, ENCODING_VERSION};
+use crate::value::{LockType, LockValue};
 use crate::{moving, replication, settle, stats};
+
+impl FieldSource for RdbReader<'_> {
+    fn unsigned(&mut self) -> Result<u64, String> {
+        RdbReader::unsigned(self)
+    }
+
+    fn bytes(&mut self, max: usize) -> Result<Vec<u8>, String> {
+        RdbReader::bytes(self, max)
+    }
+}
+
+impl FieldSink for RdbWriter<'_> {
+    fn unsigned(&mut self, v: u64) {
+        RdbWriter::unsigned(self, v);
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        RdbWriter::bytes(self, b);
+    }
+}
 
 impl TypeHandler for LockType {
     type Value = LockValue;
@@ -36,27 +51,7 @@ impl TypeHandler for LockType {
     fn rdb_save(rdb: &mut RdbWriter<'_>, value: &LockValue) {
         // A MIGRATE serializes the value before it deletes it: see `moving`.
         moving::note_serialized(value);
-        let lock = value.view();
-        rdb.unsigned(lock.fence());
-        rdb.unsigned(lock.holders().len() as u64);
-        for (owner, h) in lock.holders().iter() {
-            rdb.bytes(owner);
-            rdb.unsigned(mode_code(h.mode));
-            rdb.unsigned(h.count);
-            rdb.unsigned(h.expires_at);
-            rdb.unsigned(h.token);
-            let options = h.options.get();
-            match options.bound_to {
-                Some(conn) => {
-                    rdb.unsigned(1);
-                    rdb.unsigned(conn);
-                }
-                None => rdb.unsigned(0),
-            }
-            rdb.unsigned(options.lock_delay);
-            rdb.unsigned(u64::from(h.capacity));
-        }
-        rdb.unsigned(lock.delay_until());
+        stored::encode(rdb, &value.view());
     }
 
     fn aof_rewrite(aof: &mut AofWriter<'_>, key: &[u8], value: &LockValue) {
@@ -94,90 +89,38 @@ impl TypeHandler for LockType {
         rdb.unsigned(stats::last_token());
     }
 
+    /// A counter beyond the RESP integer range cannot come from any build: the load fails.
     fn aux_load(rdb: &mut RdbReader<'_>) -> bool {
         match rdb.unsigned() {
-            Ok(last) => {
-                stats::with_fences(|f| f.observe(last));
+            Ok(last) if last <= MAX_TOKEN => {
+                stats::observe_token(last, "the RDB's fencing counter");
                 true
+            }
+            Ok(last) => {
+                log_warning(&format!(
+                    "lock module: bad fencing counter in RDB: {last} is above 2^63-1"
+                ));
+                false
             }
             Err(_) => false,
         }
     }
 }
 
-/// Reads a value in the RDB encoding; `None` (and a log line) on anything malformed, which
-/// makes Redis fail the load instead of starting with a corrupt lock.
+/// Reads and checks a value (`redis_lock_core::stored`); `None` (and a log line) on anything
+/// malformed or inconsistent, which makes Redis fail the load, or `RESTORE` reply an error,
+/// instead of keeping a corrupt lock. Only an accepted value moves the fencing counter.
 fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
-    if !(1..=ENCODING_VERSION).contains(&encver) {
-        log_warning(&format!(
-            "lock module: cannot load lock encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
-        ));
-        return None;
-    }
-    let with_options = encver >= 2;
-    let result = (|| -> Result<LockValue, String> {
-        let fence = rdb.unsigned()?;
-        let n = rdb.unsigned()?;
-        let mut lock = Lock::new();
-        stats::with_fences(|fences| -> Result<(), String> {
-            lock.restore_fence(fence, fences);
-            for _ in 0..n {
-                let owner = rdb.bytes()?;
-                let mode = match rdb.unsigned()? {
-                    0 => Mode::Write,
-                    1 => Mode::Read,
-                    2 if with_options => Mode::Permit,
-                    m => return Err(format!("unknown mode {m}")),
-                };
-                let count = rdb.unsigned()?;
-                let expires_at = rdb.unsigned()?;
-                let token = rdb.unsigned()?;
-                let mut options = HoldOptions::default();
-                if with_options {
-                    options.bound_to = match rdb.unsigned()? {
-                        0 => None,
-                        1 => Some(rdb.unsigned()?),
-                        b => return Err(format!("unknown bound flag {b}")),
-                    };
-                    options.lock_delay = rdb.unsigned()?;
-                    if options.lock_delay > MAX_DURATION {
-                        return Err("lock-delay out of range".into());
-                    }
-                }
-                let capacity = if with_options {
-                    u32::try_from(rdb.unsigned()?).map_err(|_| "capacity out of range")?
-                } else {
-                    0
-                };
-                if lock.holders().get(&owner).is_some() {
-                    return Err("duplicate owner".into());
-                }
-                let holder = Holder {
-                    mode,
-                    capacity,
-                    count,
-                    expires_at,
-                    token,
-                    granted_at: 0,
-                    options: PackedOptions::new(options),
-                };
-                lock.check_restorable(&owner, &holder)
-                    .map_err(|e| e.message().to_string())?;
-                lock.restore_holder(&owner, holder, fences);
+    match stored::decode(rdb, encver) {
+        Ok(decoded) => {
+            // A RESTORE (not a load, which reports once when it ends) of a key with a token
+            // from a pre-release build says so each time.
+            stats::with_fences(|f| f.observe(decoded.max_token));
+            if decoded.max_token > MAX_EXACT_TOKEN && !server_is_loading() {
+                stats::warn_beyond_exact("RESTORE of a lock value", decoded.max_token);
             }
-            Ok(())
-        })?;
-        if with_options {
-            let delay_until = rdb.unsigned()?;
-            if delay_until != 0 && !lock.holders().is_empty() {
-                return Err("a lock-delay beside holders".into());
-            }
-            lock.restore_delay(delay_until);
+            Some(LockValue::new(decoded.lock))
         }
-        Ok(LockValue::new(lock))
-    })();
-    match result {
-        Ok(v) => Some(v),
         Err(e) => {
             log_warning(&format!("lock module: bad lock value in RDB: {e}"));
             None

@@ -34,7 +34,7 @@ impl EventHandler for Events {
             // A master that loaded bound holds has none of their connections: they end.
             ServerEvent::LoadingEnded => {
                 moving::forget_serialized();
-                stats::raise_fences_to_clock();
+                stats::raise_fences_to_clock("after loading");
                 if ctx.get_flags().contains(ContextFlags::MASTER) {
                     orphan_bound_holds(ctx);
                 }
@@ -52,7 +52,7 @@ impl EventHandler for Events {
             // master issued, replicated to this server or not.
             // Bound holds replicated from the old master end: their connections were there.
             ServerEvent::BecameMaster => {
-                stats::raise_fences_to_clock();
+                stats::raise_fences_to_clock("on promotion");
                 orphan_bound_holds(ctx);
                 for_each_key_of(ctx, &LOCK_TYPE, &[], settle::mark_dirty);
                 // A replica that ignored maxmemory now applies it.

@@ -71,7 +71,7 @@ mod module {
         crate::config::check_load_args(&words)?;
         // Tokens start above the clock's floor: above anything an earlier run of this server
         // issued, saved or not (an RDB or AOF loaded next can only raise the counter).
-        stats::raise_fences_to_clock();
+        stats::raise_fences_to_clock("at module load");
         // The module's own ACL category, where the server can add one (Redis 7.4+, Valkey 8+).
         let own_category =
             add_module_acl_category(ctx, metadata::ACL_CATEGORY)?.then_some(metadata::ACL_CATEGORY);

@@ -13,15 +13,41 @@ pub fn last_token() -> u64 {
     with_fences(|f| f.last())
 }
 
-/// Jumps the fencing counter to the wall-clock floor (`redis_lock_core::FLOOR_SHIFT`): at
-/// load, when loading ends and on promotion, so this server's next tokens are above every
-/// token an earlier incarnation of it, or a previous master, issued, whether or not those
-/// grants reached the RDB, the AOF or this replica. The assumption: the clocks of the servers
-/// involved differ by less than the time since the previous master last started or was
-/// promoted.
-pub fn raise_fences_to_clock() {
-    let now = crate::sys::context::now_ms();
+/// Jumps the fencing counter to the wall-clock floor (`redis_lock_core::token_floor`, one
+/// token per microsecond): at load, when loading ends and on promotion, so this server's next
+/// tokens are above every token an earlier incarnation of it, or a previous master, issued,
+/// whether or not those grants reached the RDB, the AOF or this replica. The assumption: the
+/// clocks of the servers involved differ by less than the time since the previous master last
+/// started or was promoted (less the tokens it issued since, in µs). `occasion` names the
+/// moment for the warning given when the counter is past 2^53 - 1 (see [`warn_beyond_exact`]).
+pub fn raise_fences_to_clock(occasion: &str) {
+    let now = crate::sys::context::now_us();
     with_fences(|f| f.raise_to_floor(now));
+    if with_fences(|f| f.beyond_exact()) {
+        warn_beyond_exact(occasion, last_token());
+    }
+}
+
+/// Makes the fencing counter observe `token`, carried by a value or state from elsewhere
+/// (`from` says what, for the log). The counter crossing 2^53 - 1 that way (data from a
+/// pre-release build) is logged once, unless the server is loading: the end of loading says it
+/// once for the whole file (`raise_fences_to_clock`).
+pub fn observe_token(token: u64, from: &str) {
+    if with_fences(|f| f.observe(token)) && !crate::sys::context::server_is_loading() {
+        warn_beyond_exact(from, last_token());
+    }
+}
+
+/// The warning for tokens above 2^53 - 1: they keep counting (never backwards), but clients
+/// that read integers as doubles can no longer tell neighbouring tokens apart.
+pub fn warn_beyond_exact(occasion: &str, token: u64) {
+    crate::sys::context::log_warning(&format!(
+        "lock module: {occasion}: fencing token {token} is above 2^53-1 ({}), carried over \
+         from a pre-release build; tokens keep counting from it and never go back, but Lua \
+         scripts, JavaScript and JSON clients read them as doubles and cannot tell neighbouring \
+         tokens apart",
+        redis_lock_core::MAX_EXACT_TOKEN
+    ));
 }
 
 /// The current-value figures one lock contributes to INFO: recomputed after each change and

@@ -31,6 +31,14 @@ fn key_hash(key: &[u8]) -> u64 {
     h.finish()
 }
 
+/// The longest a timer is armed for: 2^30 ms, about 12 days. A later expiry gets a timer that
+/// fires early, finds nothing due and re-arms. Redis counts a timer's deadline in microseconds
+/// from the current time and hands the wait to its event loop as an `int` of ms, so a far
+/// deadline (a crafted expiry of 2^63 ms made it overflow into the past: the timer fired, found
+/// nothing due and re-armed in a loop that never let the server answer again) must never reach
+/// it, whatever a value holds. Checked values end by 2^49 ms; this bound holds regardless.
+const MAX_TIMER_DELAY: Millis = 1 << 30;
+
 /// What a timer carries: the key to look at.
 struct Target {
     db: i32,
@@ -64,16 +72,19 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
         }
     }
     stop(ctx, value);
-    let delay = due.saturating_sub(context::now_ms());
+    let now = context::now_ms();
+    // When the timer fires: `due`, or earlier when that is far off.
+    let at = due.min(now.saturating_add(MAX_TIMER_DELAY));
+    let delay = at.saturating_sub(now);
     let target = Target {
         db,
         key: key.into(),
-        at: due,
+        at,
     };
     let id = ctx.create_timer(Duration::from_millis(delay), fire, target);
     value.set_timer(ArmedTimer {
         id,
-        at: due,
+        at,
         db,
         key_hash: hash,
     });

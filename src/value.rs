@@ -14,8 +14,8 @@ use crate::sys::datatype::ValueType;
 /// `TypeHandler` implementation) is in `datatype`.
 pub struct LockType;
 
-/// Encoding version of the RDB format (described in `datatype`).
-pub const ENCODING_VERSION: i32 = 2;
+/// Encoding version of the RDB format (`redis_lock_core::stored`).
+pub const ENCODING_VERSION: i32 = redis_lock_core::stored::ENCODING_VERSION;
 
 /// The registered type.
 pub static LOCK_TYPE: ValueType<LockType> = ValueType::new("redislock", ENCODING_VERSION);

@@ -538,31 +538,6 @@ fn move_and_swapdb_carry_the_lock_and_its_timer() {
     }
 }
 
-/// Redis's CRC-64 (Jones polynomial, reflected, as in its crc64.c), for forging DUMP payloads.
-fn crc64(data: &[u8]) -> u64 {
-    const POLY: u64 = 0x95ac_9329_ac4b_c9b5;
-    let mut crc = 0u64;
-    for &b in data {
-        crc ^= u64::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ POLY
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
-
-/// Replaces the trailing checksum of a DUMP payload.
-fn reseal(mut payload: Vec<u8>) -> Vec<u8> {
-    let body = payload.len() - 8;
-    let crc = crc64(&payload[..body]);
-    payload[body..].copy_from_slice(&crc.to_le_bytes());
-    payload
-}
-
 #[test]
 fn a_corrupt_lock_payload_is_refused_cleanly() {
     assert_eq!(

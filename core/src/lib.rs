@@ -20,6 +20,7 @@ mod holders;
 mod indexed;
 pub mod parse;
 mod queue;
+pub mod stored;
 pub mod sync;
 
 #[cfg(test)]
@@ -41,6 +42,16 @@ pub type Millis = u64;
 pub const MAX_DURATION: Millis = 1 << 47;
 /// Longest accepted owner, in bytes.
 pub const MAX_OWNER_LEN: usize = 1024;
+/// Latest absolute time (Unix ms) a stored or replicated value may carry as an expiry or the
+/// end of a lock-delay: 2^49 ms, about the year 19800. Every time this server computes itself
+/// is the clock plus at most [`MAX_DURATION`], twice over for an expiry followed by its
+/// lock-delay, so below 2^49 until the year 10889; a larger one can only come from a corrupt or
+/// crafted value, and would overflow the server's own time arithmetic (its timers count in
+/// microseconds).
+pub const MAX_INSTANT: Millis = 1 << 49;
+/// Largest hold count a stored or replicated value may carry: counts are replied as RESP
+/// (signed 64-bit) integers.
+pub const MAX_COUNT: u64 = i64::MAX as u64;
 
 /// Exclusive (write), shared (read), or one permit of a semaphore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,23 +122,28 @@ pub struct FenceCounter {
     last: u64,
 }
 
-/// Tokens are replied as RESP integers (signed 64-bit), so they stop there; the counter
-/// saturates rather than wrapping. With the wall-clock floor below, that is reached in the year
-/// 2248 (Unix ms 2^43).
+/// Tokens are replied as RESP integers (signed 64-bit), so nothing above this is ever
+/// accepted or issued; the counter saturates here rather than wrapping. Only a counter carried
+/// over from a pre-release build (whose floor was `unix_ms << 20`, about 2^60.7) can get above
+/// [`MAX_EXACT_TOKEN`], and it then keeps counting from where it is.
 pub const MAX_TOKEN: u64 = i64::MAX as u64;
 
-/// How many tokens one millisecond of wall-clock time is worth, as a power of two: the floor
-/// at time `t` (Unix ms) is `t << FLOOR_SHIFT`. An instance that jumps to its floor at start
-/// and then issues fewer than 2^20 tokens per millisecond on average (a Redis thread does a
-/// few hundred) stays below the floor of any later start, whatever it managed to save or
-/// replicate.
-pub const FLOOR_SHIFT: u32 = 20;
+/// The largest token every client can compare exactly: 2^53 - 1, the largest integer a double
+/// (a Lua number in `EVAL`, a JavaScript `Number`, a JSON number) holds without rounding. The
+/// wall-clock floor stays below it until the year 2255 (Unix µs 2^53); see [`token_floor`].
+pub const MAX_EXACT_TOKEN: u64 = (1 << 53) - 1;
 
-/// The wall-clock floor for tokens at Unix time `now_ms` (see [`FLOOR_SHIFT`]).
-pub fn token_floor(now_ms: Millis) -> u64 {
-    now_ms
-        .checked_mul(1 << FLOOR_SHIFT)
-        .map_or(MAX_TOKEN, |f| f.min(MAX_TOKEN))
+/// Microseconds: an absolute Unix time, the unit of the token floor.
+pub type Micros = u64;
+
+/// The wall-clock floor for tokens at Unix time `now_us`, in microseconds: one token per
+/// microsecond of wall-clock time. An instance that jumps to its floor when it starts (or is
+/// promoted) and then issues fewer tokens than microseconds pass (a Redis thread grants at
+/// most a few hundred thousand per second) stays below the floor of any later start, whatever
+/// it managed to save or replicate. It is 2^50.6 in 2026 and reaches [`MAX_EXACT_TOKEN`] in
+/// the year 2255.
+pub fn token_floor(now_us: Micros) -> u64 {
+    now_us.min(MAX_TOKEN)
 }
 
 impl FenceCounter {
@@ -148,15 +164,24 @@ impl FenceCounter {
     }
 
     /// Makes sure later tokens are above `token` (one issued elsewhere, e.g. by a master).
-    pub fn observe(&mut self, token: u64) {
+    /// Returns true when this moved the counter above [`MAX_EXACT_TOKEN`] (a counter from a
+    /// pre-release build), so the caller can say so once rather than on every grant.
+    pub fn observe(&mut self, token: u64) -> bool {
+        let was_exact = self.last <= MAX_EXACT_TOKEN;
         self.last = self.last.max(token.min(MAX_TOKEN));
+        was_exact && self.last > MAX_EXACT_TOKEN
     }
 
-    /// Jumps to the wall-clock floor of `now_ms` (never back): called when an instance starts
+    /// Is the counter past [`MAX_EXACT_TOKEN`] (carried over from a pre-release build)?
+    pub fn beyond_exact(&self) -> bool {
+        self.last > MAX_EXACT_TOKEN
+    }
+
+    /// Jumps to the wall-clock floor of `now_us` (never back): called when an instance starts
     /// or is promoted, so its tokens are above everything an earlier incarnation or a previous
-    /// master issued, saved or not (see [`FLOOR_SHIFT`]).
-    pub fn raise_to_floor(&mut self, now_ms: Millis) {
-        self.observe(token_floor(now_ms));
+    /// master issued, saved or not (see [`token_floor`]).
+    pub fn raise_to_floor(&mut self, now_us: Micros) {
+        let _ = self.observe(token_floor(now_us));
     }
 }
 
@@ -233,6 +258,12 @@ pub enum RestoreError {
     Conflict,
     /// A permit with a capacity out of range or below its count, or a lock hold with one.
     Capacity,
+    /// An expiry after [`MAX_INSTANT`].
+    Expiry,
+    /// A lock-delay above [`MAX_DURATION`], or on a hold that is not exclusive.
+    LockDelay,
+    /// A token above the key's last granted token (its fence).
+    AboveFence,
 }
 
 impl RestoreError {
@@ -242,6 +273,9 @@ impl RestoreError {
             RestoreError::CountOrToken => "count or token out of range",
             RestoreError::Conflict => "a writer beside another holder, or permits that do not fit",
             RestoreError::Capacity => "capacity out of range",
+            RestoreError::Expiry => "expiry out of range",
+            RestoreError::LockDelay => "lock-delay out of range or on a hold that is not exclusive",
+            RestoreError::AboveFence => "a token above the key's fence",
         }
     }
 }
@@ -251,8 +285,19 @@ pub fn check_holder(owner: &[u8], holder: &Holder) -> Result<(), RestoreError> {
     if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
         return Err(RestoreError::OwnerLength);
     }
-    if holder.count == 0 || holder.token == 0 || holder.token > MAX_TOKEN {
+    if holder.count == 0
+        || holder.count > MAX_COUNT
+        || holder.token == 0
+        || holder.token > MAX_TOKEN
+    {
         return Err(RestoreError::CountOrToken);
+    }
+    if holder.expires_at > MAX_INSTANT {
+        return Err(RestoreError::Expiry);
+    }
+    let lock_delay = holder.options.get().lock_delay;
+    if lock_delay > MAX_DURATION || (lock_delay != 0 && holder.mode != Mode::Write) {
+        return Err(RestoreError::LockDelay);
     }
     let capacity_ok = match holder.mode {
         Mode::Permit => {
@@ -720,7 +765,7 @@ impl Lock {
     /// Puts back a holder exactly as it was saved (RDB load, replication). The token is
     /// observed by the fencing counter so later grants stay above it.
     pub fn restore_holder(&mut self, owner: &[u8], holder: Holder, fences: &mut FenceCounter) {
-        fences.observe(holder.token);
+        let _ = fences.observe(holder.token);
         self.fence = self.fence.max(holder.token);
         self.holders.remove(owner);
         self.holders.insert(owner, holder);
@@ -763,7 +808,7 @@ impl Lock {
 
     /// Restores the last token granted on this lock (RDB load).
     pub fn restore_fence(&mut self, fence: u64, fences: &mut FenceCounter) {
-        fences.observe(fence);
+        let _ = fences.observe(fence);
         self.fence = self.fence.max(fence.min(MAX_TOKEN));
     }
 

@@ -14,7 +14,7 @@
 //!   is bound), `bound_to` (the connection id on the master), `lock_delay` and `delay_until`
 //!   (the key's pending lock-delay, absolute ms, 0 for none), 8 bytes each, and `capacity`
 //!   (4 bytes: the semaphore's, 0 for a lock): 71 bytes;
-//! - binary (written since tokens are tied to the clock, see [`crate::FLOOR_SHIFT`]): the byte
+//! - binary (written since tokens are tied to the clock, see [`crate::token_floor`]): the byte
 //!   `0x01`, then `count` (8 bytes, little-endian), `mode` (1 byte: 0 write, 1 read),
 //!   `expires_at`, `token`, `fence`, `counter` (8 bytes each): 42 bytes, which Redis keeps in
 //!   one allocation with its object (it embeds strings up to 44 bytes), and no decimal
@@ -27,8 +27,8 @@
 
 use crate::parse::ArgError;
 use crate::{
-    check_holder, HoldOptions, Holder, Millis, Mode, PackedOptions, MAX_DURATION, MAX_OWNER_LEN,
-    MAX_TOKEN,
+    check_holder, HoldOptions, Holder, Millis, Mode, PackedOptions, MAX_DURATION, MAX_INSTANT,
+    MAX_OWNER_LEN, MAX_TOKEN,
 };
 
 /// One parsed `LOCK.SYNC`.
@@ -265,10 +265,15 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
         options: PackedOptions::new(options),
     });
     // The same rules as an RDB load: a holder with a token that was never issued is refused.
+    // Tokens never above the key's fence, nor that above the module-wide counter: on the
+    // master the counter issued them all.
     if let Some(h) = &holder {
         check_holder(owner, h).map_err(|_| ArgError::Syntax)?;
+        if h.token > fence {
+            return Err(ArgError::Syntax);
+        }
     }
-    if fence > MAX_TOKEN || counter > MAX_TOKEN {
+    if fence > counter || counter > MAX_TOKEN || delay_until > MAX_INSTANT {
         return Err(ArgError::Syntax);
     }
     Ok(Sync {
@@ -317,16 +322,16 @@ mod tests {
                 mode: Mode::Read,
                 capacity: 0,
                 count: 1,
-                expires_at: u64::MAX,
+                expires_at: MAX_INSTANT,
                 token: v.max(1),
                 granted_at: 0,
                 options: PackedOptions::default(),
             };
-            let state = sync_state(Some(&h), v, v, 0);
+            let state = sync_state(Some(&h), v.max(1), v.max(1), 0);
             assert_eq!(state.as_bytes().len(), 42);
             let sync = parse_sync(&[b"o", state.as_bytes()]).unwrap();
             assert_eq!(sync.holder, Some(h));
-            assert_eq!((sync.fence, sync.counter), (v, v));
+            assert_eq!((sync.fence, sync.counter), (v.max(1), v.max(1)));
         }
     }
 
@@ -368,12 +373,61 @@ mod tests {
         bad_mode[9] = 7;
         let zero_token = sync_state(Some(&holder(0)), 1, 3, 0);
         let big_fence = sync_state(None, MAX_TOKEN + 1, 3, 0);
+        // Out of range or inconsistent: expiries past MAX_INSTANT (2^63 and 2^64 - 1 among
+        // them), a token above the fence, a fence above the counter, a delay end past the range,
+        // a lock-delay on a reader, a count above the RESP integer range.
+        let expiry = |at| {
+            sync_state(
+                Some(&Holder {
+                    expires_at: at,
+                    ..holder(1)
+                }),
+                1,
+                3,
+                0,
+            )
+        };
+        let (expiry_big, expiry_2_63, expiry_max) =
+            (expiry(MAX_INSTANT + 1), expiry(1 << 63), expiry(u64::MAX));
+        let above_fence = sync_state(Some(&holder(2)), 1, 3, 0);
+        let fence_above_counter = sync_state(Some(&holder(1)), 4, 3, 0);
+        let late_delay = sync_state(None, 1, 3, MAX_INSTANT + 1);
+        let reader_delay = sync_state(
+            Some(&Holder {
+                mode: Mode::Read,
+                options: PackedOptions::new(HoldOptions {
+                    bound_to: None,
+                    lock_delay: 5,
+                }),
+                ..holder(1)
+            }),
+            1,
+            3,
+            0,
+        );
+        let huge_count = sync_state(
+            Some(&Holder {
+                count: u64::MAX,
+                ..holder(1)
+            }),
+            1,
+            3,
+            0,
+        );
         for bad in [
             &bytes[..41],
             &[bytes, &[0u8][..]].concat()[..],
             &bad_mode[..],
             zero_token.as_bytes(),
             big_fence.as_bytes(),
+            expiry_big.as_bytes(),
+            expiry_2_63.as_bytes(),
+            expiry_max.as_bytes(),
+            above_fence.as_bytes(),
+            fence_above_counter.as_bytes(),
+            late_delay.as_bytes(),
+            reader_delay.as_bytes(),
+            huge_count.as_bytes(),
         ] {
             assert_eq!(parse_sync(&[b"o", bad]), Err(ArgError::Syntax), "{bad:?}");
         }

@@ -489,29 +489,48 @@ fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
 
 #[test]
 fn the_token_floor_follows_the_clock_and_never_lowers_the_counter() {
-    // 2026-11-23 in Unix ms: about 2^60.7 once shifted, below 2^63.
-    let now: Millis = 1_795_000_000_000;
-    assert_eq!(token_floor(now), now << FLOOR_SHIFT);
-    assert!(token_floor(now) < MAX_TOKEN);
+    // 2026-11-23 in Unix microseconds: about 2^50.6, far below 2^53.
+    let now: Micros = 1_795_000_000_000_000;
+    assert_eq!(token_floor(now), now);
+    assert!(token_floor(now) < MAX_EXACT_TOKEN);
     assert!(token_floor(now + 1) > token_floor(now));
-    // Far in the future the floor saturates at the largest token rather than wrapping.
+    // The floor stays exact for every client until Unix µs 2^53, in the year 2255...
+    let year_2255: Micros = 8_993_000_000_000_000;
+    assert!(token_floor(year_2255) <= MAX_EXACT_TOKEN);
+    // ...and far in the future it saturates at the largest token rather than wrapping.
     assert_eq!(token_floor(u64::MAX), MAX_TOKEN);
-    assert_eq!(token_floor(1 << 43), MAX_TOKEN);
 
     let mut fences = FenceCounter::default();
     fences.raise_to_floor(now);
     let first = fences.issue();
     assert_eq!(first, token_floor(now) + 1);
-    // An incarnation that issued a million tokens after its jump is still below the floor of
-    // a restart one millisecond later...
-    for _ in 0..1_000_000 {
+    // An incarnation that issued 999,999 tokens after its jump is still below the floor of a
+    // restart one second (10^6 µs) later...
+    for _ in 1..999_999 {
         fences.issue();
     }
-    assert!(fences.last() < token_floor(now + 1));
+    assert!(fences.last() < token_floor(now + 1_000_000));
+    assert!(!fences.beyond_exact());
     // ...and a floor from an earlier clock never lowers the counter.
     let before = fences.last();
     fences.raise_to_floor(now - 10_000);
     assert_eq!(fences.last(), before);
+}
+
+#[test]
+fn a_counter_from_a_pre_release_build_keeps_counting_from_where_it_is() {
+    // The pre-release floor was `unix_ms << 20`: about 1.88e18 in 2026.
+    let legacy: u64 = 1_795_000_000_000 << 20;
+    let mut fences = FenceCounter::default();
+    fences.raise_to_floor(1_795_000_000_000_000);
+    // Observing it is reported once, when the counter crosses 2^53 - 1...
+    assert!(fences.observe(legacy));
+    assert!(fences.beyond_exact());
+    assert!(!fences.observe(legacy + 5));
+    // ...and the counter never goes back: neither a later floor nor a smaller token lowers it.
+    fences.raise_to_floor(1_795_000_000_999_000);
+    assert_eq!(fences.last(), legacy + 5);
+    assert_eq!(fences.issue(), legacy + 6);
 }
 
 // ---- BIND and LOCKDELAY (version 2) ----

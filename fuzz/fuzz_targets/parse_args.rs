@@ -2,13 +2,16 @@
 //! bytes, must parse or fail cleanly, and anything accepted must be within the documented
 //! limits. Version 2: options in any order (`WAIT`, `BIND`, `LOCKDELAY` on exclusive requests
 //! only), LOCK.SEMACQUIRE's capacity, and the LOCK.SYNC state with options, the lock-delay and
-//! semaphore permits, which must round-trip.
+//! semaphore permits, which must round-trip and keep the stored-value ranges (expiries and
+//! delay ends at most `MAX_INSTANT`, token <= fence <= counter).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use redis_lock_core::parse::{self, Accepts};
 use redis_lock_core::sync::{parse_sync, sync_state};
-use redis_lock_core::{check_holder, MAX_CAPACITY, MAX_DURATION, MAX_OWNER_LEN, MAX_TOKEN};
+use redis_lock_core::{
+    check_holder, MAX_CAPACITY, MAX_DURATION, MAX_INSTANT, MAX_OWNER_LEN, MAX_TOKEN,
+};
 
 fuzz_target!(|data: &[u8]| {
     let args: Vec<&[u8]> = data.split(|b| *b == 0).collect();
@@ -58,8 +61,10 @@ fn check_sync(args: &[&[u8]]) {
     if let Ok(sync) = parse_sync(args) {
         if let Some(h) = &sync.holder {
             assert!(check_holder(sync.owner, h).is_ok());
+            assert!(h.expires_at <= MAX_INSTANT && h.token <= sync.fence);
         }
-        assert!(sync.fence <= MAX_TOKEN && sync.counter <= MAX_TOKEN);
+        assert!(sync.fence <= sync.counter && sync.counter <= MAX_TOKEN);
+        assert!(sync.delay_until <= MAX_INSTANT);
         // What was accepted encodes back to a state that parses to the same thing.
         let state = sync_state(
             sync.holder.as_ref(),

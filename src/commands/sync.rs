@@ -49,9 +49,11 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
         }
         (None, Some(_)) => {}
     }
+    // The counter is at least the fence and every token (`parse_sync` checks): observing it
+    // covers them, and a counter from a pre-release build is reported when first seen.
+    stats::observe_token(sync.counter, "LOCK.SYNC");
     lock_key.apply_exact(|lock| {
         stats::with_fences(|fences| {
-            fences.observe(sync.counter);
             lock.restore_fence(sync.fence, fences);
             match sync.holder {
                 Some(h) => lock.restore_holder(sync.owner, h, fences),

@@ -15,6 +15,23 @@ pub fn now_ms() -> u64 {
     u64::try_from(ms).unwrap_or(0)
 }
 
+/// Current Unix time in µs, from the same wall clock as [`now_ms`] (CLOCK_REALTIME); read only
+/// when the fencing counter jumps to its floor, never per command. 0 if the clock reads before
+/// 1970.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Is the server loading a data set (RDB, AOF, full resynchronisation) right now?
+pub fn server_is_loading() -> bool {
+    detached_context().is_some_and(|ctx| {
+        ctx.get_flags()
+            .contains(redis_module::ContextFlags::LOADING)
+    })
+}
+
 /// The database the context works on.
 pub fn selected_db(ctx: &Context) -> i32 {
     // SAFETY: ctx.ctx is the live context Redis handed to the current callback.

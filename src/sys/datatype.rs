@@ -104,10 +104,14 @@ impl RdbReader<'_> {
         raw::load_unsigned(self.io).map_err(|e| e.to_string())
     }
 
-    pub fn bytes(&mut self) -> Result<Vec<u8>, String> {
-        raw::load_string_buffer(self.io)
-            .map(|b| b.as_ref().to_vec())
-            .map_err(|e| e.to_string())
+    /// The next string, refused (without copying it) when longer than `max` bytes.
+    pub fn bytes(&mut self, max: usize) -> Result<Vec<u8>, String> {
+        let buffer = raw::load_string_buffer(self.io).map_err(|e| e.to_string())?;
+        let bytes = buffer.as_ref();
+        if bytes.len() > max {
+            return Err(format!("a string of {} bytes (at most {max})", bytes.len()));
+        }
+        Ok(bytes.to_vec())
     }
 }
 

@@ -5,6 +5,7 @@
 //! the integration tests (tests/), the client's tests and the benchmark's server launcher.
 
 mod commands;
+mod dump;
 mod exporter;
 mod info;
 mod sentinel;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 pub use redis::{Connection, Value};
 
 pub use commands::*;
+pub use dump::*;
 pub use exporter::*;
 pub use info::*;
 pub use sentinel::*;
