@@ -8,7 +8,8 @@
 //!
 //! Bound holds are saved with their connection id: a replica that loads its master's RDB keeps
 //! them (they end on promotion); a master that loads them ends them once loading is over
-//! (`events`), since their connections are gone.
+//! (`events`), since their connections are gone. A value that arrives by `RESTORE` (MIGRATE,
+//! resharding) keeps its holds but not their bindings: the connections are on another server.
 
 use redis_lock_core::stored::{self, FieldSink, FieldSource};
 use redis_lock_core::{Mode, MAX_EXACT_TOKEN, MAX_TOKEN};
@@ -111,7 +112,14 @@ impl TypeHandler for LockType {
 /// malformed or inconsistent, which makes Redis fail the load, or `RESTORE` reply an error,
 /// instead of keeping a corrupt lock. Only an accepted value moves the fencing counter.
 fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
-    match stored::decode(rdb, encver) {
+    // Outside a load this is a RESTORE: MIGRATE and resharding bring values from another
+    // server, whose connection ids mean nothing here (`stored::Bindings::Drop`).
+    let bindings = if server_is_loading() {
+        stored::Bindings::Keep
+    } else {
+        stored::Bindings::Drop
+    };
+    match stored::decode_with(rdb, encver, bindings) {
         Ok(decoded) => {
             // A RESTORE (not a load, which reports once when it ends) of a key with a token
             // from a pre-release build says so each time.

@@ -348,3 +348,58 @@ fn resharding_a_slot_under_a_held_lock_never_grants_it_on_the_old_node() {
     assert_eq!(int(&mut d, &["LOCK.RELEASE", key, "holder"]), 0);
     assert!(w2.token() > token);
 }
+
+/// A bound hold's connection is on the source: on the target its id names some other
+/// connection. The hold arrives unbound (a plain TTL hold), so a target connection that
+/// happens to have the same id cannot end it by closing.
+#[test]
+fn a_bound_hold_arrives_unbound_and_a_same_numbered_connection_cannot_end_it() {
+    let (target, source) = target_then_source(&[]);
+    let mut t = target.client();
+    let target_id = client_id(&mut t);
+    // The holder's connection on the source, with an id the target has not handed out yet.
+    let mut holder = source.client();
+    while client_id(&mut holder) <= target_id + 1 {
+        holder = source.client();
+    }
+    let holder_id = client_id(&mut holder);
+    let token = int(
+        &mut holder,
+        &[
+            "LOCK.ACQUIRE",
+            "k",
+            "h",
+            "60000",
+            "BIND",
+            "LOCKDELAY",
+            "100",
+        ],
+    );
+    let mut s = source.client();
+    let port = target.port.to_string();
+    let reply = query(&mut s, &["MIGRATE", "127.0.0.1", &port, "k", "0", "5000"]);
+    assert_eq!(reply, Ok(Value::Okay));
+    assert_eq!(holders(&mut t, "k"), vec![("h".to_string(), 1)]);
+
+    // On the target, the connection that gets the holder's id comes and goes.
+    let same = loop {
+        let mut c = target.client();
+        let id = client_id(&mut c);
+        assert!(id <= holder_id, "the target skipped id {holder_id}");
+        if id == holder_id {
+            break c;
+        }
+    };
+    drop(same);
+    let gone = format!("id={holder_id} ");
+    wait_until("the target dropped the connection", || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut t).unwrap();
+        !list.lines().any(|l| l.starts_with(&gone))
+    });
+    // A lock command on the key settles whatever that close did to it.
+    assert_eq!(holders(&mut t, "k"), vec![("h".to_string(), 1)]);
+    assert_eq!(info_int(&mut t, "k", "fence"), token);
+    assert!(is_nil(&mut t, &["LOCK.ACQUIRE", "k", "intruder", "60000"]));
+    // It is still the holder's to release there.
+    assert_eq!(int(&mut t, &["LOCK.RELEASE", "k", "h"]), 0);
+}

@@ -93,6 +93,29 @@ pub fn encode(sink: &mut impl FieldSink, lock: &Lock) {
 /// Reads and checks one value written with encoding version `encver` (see the module docs for
 /// what is refused). The lock is built on its own fencing counter: the caller's is not touched.
 pub fn decode(source: &mut impl FieldSource, encver: i32) -> Result<Decoded, String> {
+    decode_with(source, encver, Bindings::Keep)
+}
+
+/// What a decoded value's bound holds (`BIND`) keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bindings {
+    /// Their connection ids, as saved: an RDB load or a full resynchronisation (the ids are
+    /// then checked against this server's connections: a master ends them after loading, a
+    /// replica keeps them until its promotion).
+    Keep,
+    /// None: the holds become plain TTL holds. For a value that arrives by `RESTORE` (what
+    /// `MIGRATE` and cluster resharding send), whose connection ids name connections of
+    /// another server: matching them against this server's ids could end a hold when an
+    /// unrelated connection with the same id closes here.
+    Drop,
+}
+
+/// [`decode`], saying what bound holds keep.
+pub fn decode_with(
+    source: &mut impl FieldSource,
+    encver: i32,
+    bindings: Bindings,
+) -> Result<Decoded, String> {
     if !(1..=ENCODING_VERSION).contains(&encver) {
         return Err(format!(
             "encoding version {encver} (this build reads 1 to {ENCODING_VERSION})"
@@ -127,6 +150,9 @@ pub fn decode(source: &mut impl FieldSource, encver: i32) -> Result<Decoded, Str
                 1 => Some(source.unsigned()?),
                 b => return Err(format!("unknown bound flag {b}")),
             };
+            if bindings == Bindings::Drop {
+                options.bound_to = None;
+            }
             options.lock_delay = source.unsigned()?;
             capacity = u32::try_from(source.unsigned()?).map_err(|_| "capacity out of range")?;
         }
@@ -320,6 +346,24 @@ mod tests {
         let back = decode_bytes(&bytes, ENCODING_VERSION).unwrap();
         assert_eq!(encoded(&back), bytes);
         assert_eq!(back.fence(), lock.fence());
+    }
+
+    #[test]
+    fn a_restored_value_keeps_its_holds_without_their_bindings() {
+        let mut bound = h(b"w", 0, 7);
+        bound.bound = Some(42);
+        bound.lock_delay = 500;
+        let bytes = v2(7, &[bound], 0);
+        let kept = decode_with(&mut ByteSource::new(&bytes), 2, Bindings::Keep).unwrap();
+        let (_, holder) = kept.lock.holders().iter().next().unwrap();
+        assert_eq!(holder.options.get().bound_to, Some(42));
+        let dropped = decode_with(&mut ByteSource::new(&bytes), 2, Bindings::Drop).unwrap();
+        let (owner, holder) = dropped.lock.holders().iter().next().unwrap();
+        assert_eq!(owner, b"w");
+        assert_eq!(holder.options.get().bound_to, None);
+        // Everything else stays: the delay, the token, the expiry.
+        assert_eq!(holder.options.get().lock_delay, 500);
+        assert_eq!((holder.token, holder.expires_at), (7, 2_000_000_000_000));
     }
 
     /// The longest TTL followed by the longest lock-delay ends within range: whatever this build
