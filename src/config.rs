@@ -21,6 +21,19 @@ pub fn max_total_waiters() -> usize {
     usize::try_from(MAX_TOTAL_WAITERS.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
 }
 
+/// `lock.max-waiters-per-user`: how many clients one ACL user may have waiting on all locks
+/// together; 0 (the default) = no limit of its own, only `lock.max-total-waiters`. On a
+/// server shared by tenants (one ACL user each) it keeps one tenant from using up the
+/// server-wide limit; a server with one application user needs none.
+pub static MAX_WAITERS_PER_USER: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS_PER_USER);
+pub const DEFAULT_MAX_WAITERS_PER_USER: i64 = 0;
+
+/// The per-user waiter limit, `None` when there is none.
+pub fn max_waiters_per_user() -> Option<usize> {
+    let n = MAX_WAITERS_PER_USER.load(Ordering::Relaxed);
+    (n > 0).then(|| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 /// Applies `loadmodule <path> [max-waiters N] [max-total-waiters N]` arguments. (In
 /// redis.conf, `lock.max-waiters N` lines after the loadmodule line work too, through Redis's
 /// own module config loading.)

@@ -52,3 +52,6 @@ pub fn refusal_text(refusal: Acquired) -> &'static str {
 
 pub const WAITER_WRONG_KIND: &str =
     "WRONGKIND the key was replaced by one of the other kind (a lock for a semaphore or the reverse) while this request waited";
+
+pub const USER_WAITERS_FULL: &str =
+    "MAXWAITERS this ACL user's waiter limit is reached (lock.max-waiters-per-user); retry later or raise the limit";

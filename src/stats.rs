@@ -208,15 +208,9 @@ const HOLD_BUCKET_NAMES: [&str; HOLD_BUCKETS_MS.len()] = [
 ];
 
 /// The age (ms) of the longest-waiting queued client, and the longest queue of any key:
-/// computed when INFO asks, from the waiter registry (one look per key with waiters), so
-/// nothing on the hot path maintains them.
+/// read when INFO asks from the first entries of the waiter registry's two rankings.
 pub fn queue_figures(now: u64) -> (u64, u64) {
-    with_waiters(|r| {
-        r.queues(now)
-            .fold((0, 0), |(oldest, longest), (_, waiting, age)| {
-                (oldest.max(age), longest.max(waiting))
-            })
-    })
+    with_waiters(|r| r.queue_extremes(now))
 }
 
 impl InfoSource for InfoFields {
