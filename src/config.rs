@@ -34,6 +34,18 @@ pub fn max_waiters_per_user() -> Option<usize> {
     (n > 0).then(|| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
+/// `lock.deadlock-budget`: the most holders, waiters and keys one deadlock check may visit. A
+/// check that would need more lets the request wait as if no cycle were found (counted in
+/// `INFO lock` as `deadlock_checks_cut_total`). The default keeps a check at or under about
+/// 1 ms of server time (docs/operations.md has the measurement).
+pub static DEADLOCK_BUDGET: AtomicI64 = AtomicI64::new(DEFAULT_DEADLOCK_BUDGET);
+pub const DEFAULT_DEADLOCK_BUDGET: i64 = 10_000;
+pub const MAX_DEADLOCK_BUDGET: i64 = 1 << 40;
+
+pub fn deadlock_budget() -> usize {
+    usize::try_from(DEADLOCK_BUDGET.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
 /// Applies `loadmodule <path> [max-waiters N] [max-total-waiters N]` arguments. (In
 /// redis.conf, `lock.max-waiters N` lines after the loadmodule line work too, through Redis's
 /// own module config loading.)

@@ -112,6 +112,15 @@ mod module {
                     None
                 ],
                 [
+                    "deadlock-budget",
+                    &crate::config::DEADLOCK_BUDGET,
+                    crate::config::DEFAULT_DEADLOCK_BUDGET,
+                    0,
+                    crate::config::MAX_DEADLOCK_BUDGET,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
+                [
                     "max-waiters-per-user",
                     &crate::config::MAX_WAITERS_PER_USER,
                     crate::config::DEFAULT_MAX_WAITERS_PER_USER,

@@ -304,6 +304,8 @@ pub struct Counters {
     pub disconnects: Cell<u64>,
     /// Lock requests refused because waiting would have closed a cycle.
     pub deadlocks: Cell<u64>,
+    /// Deadlock checks that ran out of `lock.deadlock-budget` (the request then waited).
+    pub deadlock_checks_cut: Cell<u64>,
     /// Requests with WAIT refused because a waiter limit was reached (`-MAXWAITERS`).
     pub queue_full: Cell<u64>,
     /// Immediate grants to an owner that already held the lock, a subset of `grants`.
@@ -334,6 +336,7 @@ impl Counters {
             expirations: Cell::new(0),
             disconnects: Cell::new(0),
             deadlocks: Cell::new(0),
+            deadlock_checks_cut: Cell::new(0),
             queue_full: Cell::new(0),
             reentries: Cell::new(0),
             releases: Cell::new(0),

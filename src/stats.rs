@@ -91,6 +91,10 @@ pub fn count_deadlock() {
     with_counters(|c| bump(&c.deadlocks, 1));
 }
 
+pub fn count_deadlock_check_cut() {
+    with_counters(|c| bump(&c.deadlock_checks_cut, 1));
+}
+
 pub fn count_disconnect() {
     with_counters(|c| bump(&c.disconnects, 1));
 }
@@ -234,6 +238,7 @@ impl InfoSource for InfoFields {
             add("extends_total", c.extends.get());
             add("maxwaiters_total", c.queue_full.get());
             add("given_back_total", c.given_back.get());
+            add("deadlock_checks_cut_total", c.deadlock_checks_cut.get());
             add("oldest_wait_ms", oldest);
             add("longest_queue", longest);
             add_histogram(

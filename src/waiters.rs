@@ -204,14 +204,20 @@ pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
     })
 }
 
-/// The lock requests `owner` has queued, on any key of any database: (id, db, key).
-pub fn queued_of(owner: &[u8]) -> Vec<(WaiterId, i32, Box<[u8]>)> {
+/// Up to `max` of the lock requests `owner` has queued, on any key of any database.
+pub fn queued_of(owner: &[u8], max: usize) -> Vec<(state::DbKey, WaiterId)> {
     with_waiters(|r| {
         let Some(ids) = r.by_owner.get(owner) else {
             return Vec::new();
         };
         ids.iter()
-            .filter_map(|id| r.entries.get(id).map(|e| (*id, e.db, e.key.clone())))
+            .take(max)
+            .filter_map(|id| {
+                r.entries
+                    .get(id)
+                    .filter(|e| e.state == WaitState::Queued)
+                    .map(|e| ((e.db, e.key.clone()), *id))
+            })
             .collect()
     })
 }

@@ -3,7 +3,7 @@
 //! natively; `waiters` replies when it is granted, times out or leaves).
 
 use redis_lock_core::parse::{Accepts, AcquireArgs};
-use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Waiter};
+use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Verdict, Waiter};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
@@ -126,13 +126,15 @@ fn request(
         .ok_or(RedisError::Str(KEY_VANISHED))?;
     // A requester that holds no key anyone waits for cannot close a cycle: no walk.
     if detect && outcome == Acquired::Busy && contention::holds_contended(req.owner) {
-        let blockers = match lock_key.existing()? {
-            Some(value) => value.view().blockers(req.owner, mode, None),
-            None => Vec::new(),
-        };
-        if deadlock::closes_cycle_here(ctx, req.owner, blockers) {
-            stats::count_deadlock();
-            return Err(RedisError::Str(DEADLOCK_CYCLE));
+        let budget = crate::config::deadlock_budget();
+        match deadlock::check_here(ctx, req.owner, mode, key, budget) {
+            Verdict::Cycle => {
+                stats::count_deadlock();
+                return Err(RedisError::Str(DEADLOCK_CYCLE));
+            }
+            // Waits as if no cycle were found; its WAIT timeout still ends it.
+            Verdict::Cut => stats::count_deadlock_check_cut(),
+            Verdict::NoCycle => {}
         }
     }
     if detect && outcome == Acquired::Busy {
