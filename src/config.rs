@@ -39,7 +39,7 @@ pub fn max_waiters_per_user() -> Option<usize> {
 /// `INFO lock` as `deadlock_checks_cut_total`). The default keeps a check at or under about
 /// 1 ms of server time (docs/operations.md has the measurement).
 pub static DEADLOCK_BUDGET: AtomicI64 = AtomicI64::new(DEFAULT_DEADLOCK_BUDGET);
-pub const DEFAULT_DEADLOCK_BUDGET: i64 = 10_000;
+pub const DEFAULT_DEADLOCK_BUDGET: i64 = 500;
 pub const MAX_DEADLOCK_BUDGET: i64 = 1 << 40;
 
 pub fn deadlock_budget() -> usize {

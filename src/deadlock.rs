@@ -81,11 +81,18 @@ impl WaitGraph for Graph<'_> {
     }
 }
 
-/// Would a request of `requester` in `mode` on `key` (in the selected database), which cannot
-/// be granted at once, close a cycle within the requesting user's reach? Reads other keys,
+/// Would a request of `requester` in `mode` on `key` (in the selected database; its lock is
+/// `lock`), which cannot be granted at once, close a cycle within the requesting user's reach? Reads other keys,
 /// possibly in other databases; the selected database is restored. `budget`: the most visits
 /// the check may make.
-pub fn check_here(ctx: &Context, requester: &[u8], mode: Mode, key: &[u8], budget: usize) -> Verdict {
+pub fn check_here(
+    ctx: &Context,
+    requester: &[u8],
+    mode: Mode,
+    key: &[u8],
+    lock: &Lock,
+    budget: usize,
+) -> Verdict {
     let Some(caller) = Caller::of_current(ctx) else {
         // The user was deleted while connected: it may read nothing, so nothing is followed.
         return Verdict::NoCycle;
@@ -98,7 +105,7 @@ pub fn check_here(ctx: &Context, requester: &[u8], mode: Mode, key: &[u8], budge
         request_key: request_key.clone(),
         readable: HashMap::new(),
     };
-    let (verdict, _) = check_request(&mut graph, requester, mode, &request_key, budget);
+    let (verdict, _) = check_request(&mut graph, requester, mode, &request_key, lock, budget);
     context::select_db(ctx, original_db);
     verdict
 }

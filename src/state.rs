@@ -246,7 +246,10 @@ impl Registry {
             .by_age
             .first()
             .map_or(0, |(first, _)| self.age_of(*first, now));
-        let longest = self.by_length.first().map_or(0, |(Reverse(len), _, _)| *len);
+        let longest = self
+            .by_length
+            .first()
+            .map_or(0, |(Reverse(len), _, _)| *len);
         (oldest, longest)
     }
 

@@ -116,7 +116,7 @@ pub struct QueueSummary {
 /// How many queues [`top_queues`] looks at, at most, in one call: with the rankings kept in
 /// order this only matters when the caller may read few of the queues it meets, and it keeps
 /// LOCK.QUEUES under a millisecond of server time whatever the number of queues.
-pub const QUEUES_LOOK_LIMIT: usize = 2_000;
+pub const QUEUES_LOOK_LIMIT: usize = 500;
 
 /// The `count` first queues of the server in `order` that `may_read` accepts (ties: the
 /// oldest first waiter, then database and key). Reads the registry's rankings in order, so it

@@ -149,13 +149,25 @@ fn lock_queues_reports_only_keys_the_caller_may_read() {
         ]
     );
     // A user with no key pattern sees nothing at all.
-    query(&mut admin, &["ACL", "SETUSER", "nobody", "on", ">pw", "+@all"]).unwrap();
+    query(
+        &mut admin,
+        &["ACL", "SETUSER", "nobody", "on", ">pw", "+@all"],
+    )
+    .unwrap();
     let mut nobody = login(&server, "nobody");
     assert!(queues(&mut nobody, &[]).is_empty());
     // A user whose key patterns grant writing only (%W~) may not read: nothing either.
     query(
         &mut admin,
-        &["ACL", "SETUSER", "writer", "on", ">pw", "%W~tenantA:*", "+@all"],
+        &[
+            "ACL",
+            "SETUSER",
+            "writer",
+            "on",
+            ">pw",
+            "%W~tenantA:*",
+            "+@all",
+        ],
     )
     .unwrap();
     let mut writer = login(&server, "writer");
@@ -276,7 +288,11 @@ fn a_tenant_cannot_probe_anothers_waits_and_its_own_cycles_are_found() {
     assert!(e.starts_with("DEADLOCK"), "{e}");
     // The error text is the fixed one: it names no key and no owner.
     assert!(!e.contains("tenant") && !e.contains("a-1"), "{e}");
-    assert_eq!(waiting(&mut admin, "tenantA:p"), 0, "the refused request queued");
+    assert_eq!(
+        waiting(&mut admin, "tenantA:p"),
+        0,
+        "the refused request queued"
+    );
     // Undo.
     int(&mut alice, &["LOCK.RELEASE", "tenantA:q", "a-2"]);
     assert!(token(a1) > 0);
@@ -298,11 +314,19 @@ fn waiters_per_user_are_capped() {
     );
     for bad in ["-1", "x", "2147483649"] {
         assert!(
-            query(&mut admin, &["CONFIG", "SET", "lock.max-waiters-per-user", bad]).is_err(),
+            query(
+                &mut admin,
+                &["CONFIG", "SET", "lock.max-waiters-per-user", bad]
+            )
+            .is_err(),
             "{bad}"
         );
     }
-    query(&mut admin, &["CONFIG", "SET", "lock.max-waiters-per-user", "2"]).unwrap();
+    query(
+        &mut admin,
+        &["CONFIG", "SET", "lock.max-waiters-per-user", "2"],
+    )
+    .unwrap();
     let mut alice = login(&server, "alice");
     int(&mut alice, &["LOCK.ACQUIRE", "tenantA:k", "h", LONG]);
     int(&mut alice, &["LOCK.ACQUIRE", "tenantA:j", "h", LONG]);
@@ -332,7 +356,10 @@ fn waiters_per_user_are_capped() {
     }
     assert_eq!(info_field(&mut admin, "maxwaiters_total"), before + 2);
     // Without WAIT nothing would queue: the usual nil.
-    assert!(is_nil(&mut alice, &["LOCK.ACQUIRE", "tenantA:k", "w3", LONG]));
+    assert!(is_nil(
+        &mut alice,
+        &["LOCK.ACQUIRE", "tenantA:k", "w3", LONG]
+    ));
     // Bob is not affected.
     let mut bob = login(&server, "bob");
     int(&mut bob, &["LOCK.ACQUIRE", "tenantB:k", "h", LONG]);
@@ -359,7 +386,11 @@ fn waiters_per_user_are_capped() {
         1,
     );
     // 0 lifts the limit.
-    query(&mut admin, &["CONFIG", "SET", "lock.max-waiters-per-user", "0"]).unwrap();
+    query(
+        &mut admin,
+        &["CONFIG", "SET", "lock.max-waiters-per-user", "0"],
+    )
+    .unwrap();
     let fourth = queue_as(
         &server,
         &mut admin,
@@ -376,7 +407,10 @@ fn waiters_per_user_are_capped() {
     int(&mut bob, &["LOCK.RELEASE", "tenantB:k", "h"]);
     for (n, b) in bobs.into_iter().enumerate() {
         assert!(token(b) > 0);
-        int(&mut bob, &["LOCK.RELEASE", "tenantB:k", &format!("b{}", n + 1)]);
+        int(
+            &mut bob,
+            &["LOCK.RELEASE", "tenantB:k", &format!("b{}", n + 1)],
+        );
     }
 }
 
@@ -389,7 +423,15 @@ fn a_check_that_runs_out_of_budget_is_counted_and_the_request_waits() {
     let n = 40;
     int(&mut c, &["LOCK.ACQUIRE", "own", "req", LONG]);
     for i in 0..=n {
-        int(&mut c, &["LOCK.ACQUIRE", &format!("chain:{i}"), &format!("c{i}"), LONG]);
+        int(
+            &mut c,
+            &[
+                "LOCK.ACQUIRE",
+                &format!("chain:{i}"),
+                &format!("c{i}"),
+                LONG,
+            ],
+        );
     }
     let mut links = Vec::new();
     for i in 0..n {
@@ -421,7 +463,10 @@ fn a_check_that_runs_out_of_budget_is_counted_and_the_request_waits() {
     }
     assert_eq!(info_field(&mut c, "deadlock_checks_cut_total"), 0);
     // req asking for chain:0 closes req -> c0 -> c1 -> ... -> c40 -> req.
-    let refused = err(&mut c, &["LOCK.ACQUIRE", "chain:0", "req", LONG, "WAIT", "0"]);
+    let refused = err(
+        &mut c,
+        &["LOCK.ACQUIRE", "chain:0", "req", LONG, "WAIT", "0"],
+    );
     assert!(refused.starts_with("DEADLOCK"), "{refused}");
     query(&mut c, &["CONFIG", "SET", "lock.deadlock-budget", "10"]).unwrap();
     // Too small a budget: the request waits as if no cycle were found (WAIT 200: it times out).
@@ -437,7 +482,10 @@ fn a_check_that_runs_out_of_budget_is_counted_and_the_request_waits() {
         &["CONFIG", "SET", "lock.deadlock-budget", &default_budget[1]],
     )
     .unwrap();
-    let again = err(&mut c, &["LOCK.ACQUIRE", "chain:0", "req", LONG, "WAIT", "0"]);
+    let again = err(
+        &mut c,
+        &["LOCK.ACQUIRE", "chain:0", "req", LONG, "WAIT", "0"],
+    );
     assert!(again.starts_with("DEADLOCK"), "{again}");
     assert_eq!(info_field(&mut c, "deadlock_checks_cut_total"), 1);
     // Undo: req lets go of its key, and the chain unwinds from its end.

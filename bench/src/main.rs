@@ -871,14 +871,22 @@ fn section_worst_case(md: &mut String, o: &Options, step: &dyn Fn(&str)) {
          {}).\n",
         worst::READERS,
         worst::CHAIN,
-        "10000"
+        "500"
     );
     let mut builds: Vec<(String, Vec<worst::Row>)> = Vec::new();
     let mut runs: Vec<(String, &std::path::Path)> = Vec::new();
     if let Some(before) = &o.before {
         runs.push(("before".into(), before.as_path()));
     }
-    runs.push((if o.before.is_some() { "after" } else { "this build" }.into(), &o.module));
+    runs.push((
+        if o.before.is_some() {
+            "after"
+        } else {
+            "this build"
+        }
+        .into(),
+        &o.module,
+    ));
     for (name, module) in runs {
         step(&format!("worst case: {name} ({})", module.display()));
         let server = match Server::start(module, Some(0)) {

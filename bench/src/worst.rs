@@ -240,7 +240,14 @@ fn time(
 /// queues here); `None` when the server refused to create it.
 fn tenant_probe(server: &Server, c: &mut Connection) -> Option<Connection> {
     let ok: redis::RedisResult<()> = redis::cmd("ACL")
-        .arg(&["SETUSER", "wc-tenant", "on", ">wc-pass", "~tenantA:*", "+@all"])
+        .arg(&[
+            "SETUSER",
+            "wc-tenant",
+            "on",
+            ">wc-pass",
+            "~tenantA:*",
+            "+@all",
+        ])
         .query(c);
     ok.ok()?;
     let mut t = server.connect();
@@ -402,6 +409,28 @@ pub fn measure(server: &Server, quick: bool, step: &dyn Fn(&str)) -> Vec<Row> {
         immediate,
         fast,
     );
+    // The chain request's cost as the budget grows (where the build has one): the check is
+    // cut at each, so this is the cost of a given number of visits.
+    let budget_default: Option<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("lock.deadlock-budget")
+        .query::<Vec<String>>(&mut c)
+        .ok()
+        .and_then(|v| v.get(1).cloned());
+    if let Some(default) = budget_default {
+        for budget in ["1000", "10000", "100000"] {
+            config_set(&mut c, "lock.deadlock-budget", budget);
+            add(
+                &mut c,
+                &format!("(budget {budget}) LOCK.ACQUIRE WAIT on the first of the chain"),
+                "lock.acquire",
+                acquire_words("wc:chain:0", REQUESTER),
+                Sending::Blocking,
+                slow,
+            );
+        }
+        config_set(&mut c, "lock.deadlock-budget", &default);
+    }
     // The same LOCK.QUEUES from a user that may read none of the queues.
     if let Some(mut tenant) = tenant_probe(server, &mut c) {
         step("worst case: LOCK.QUEUES by a tenant who may read none of them");
@@ -445,7 +474,10 @@ pub fn measure(server: &Server, quick: bool, step: &dyn Fn(&str)) -> Vec<Row> {
 pub fn table(md: &mut String, builds: &[(&str, &[Row])]) {
     let _ = write!(md, "| request |");
     for (name, _) in builds {
-        let _ = write!(md, " {name}: reply | mean µs | max µs | commandstats µs/call |");
+        let _ = write!(
+            md,
+            " {name}: reply | mean µs | max µs | commandstats µs/call |"
+        );
     }
     let _ = writeln!(md);
     let _ = write!(md, "|---|");
@@ -453,13 +485,15 @@ pub fn table(md: &mut String, builds: &[(&str, &[Row])]) {
         let _ = write!(md, "---|---:|---:|---:|");
     }
     let _ = writeln!(md);
-    let Some((_, first)) = builds.first() else {
+    // Every row of every build, in the order of the build with the most (a row only one
+    // build can run, such as a setting the other lacks, shows "-" for the other).
+    let Some((_, most)) = builds.iter().max_by_key(|(_, rows)| rows.len()) else {
         return;
     };
-    for (i, row) in first.iter().enumerate() {
+    for row in most.iter() {
         let _ = write!(md, "| {} |", row.what);
         for (_, rows) in builds {
-            match rows.get(i) {
+            match rows.iter().find(|r| r.what == row.what) {
                 Some(r) => {
                     let cs = r
                         .commandstats_us

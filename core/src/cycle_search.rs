@@ -283,10 +283,17 @@ impl<G: WaitGraph> Search<'_, G> {
         Ok(())
     }
 
-    /// The queued requests of `owner`, each key a visit.
-    fn queued_of(&mut self, owner: &[u8]) -> Result<Vec<(G::Key, WaiterId)>, OutOfBudget> {
-        let queued = self.graph.queued_by(owner, self.budget.listing_max());
-        if self.budget.spend_n(queued.len()) {
+    /// Up to `max` of the queued requests of `owner`; the look is a visit, and so is each
+    /// request.
+    fn queued_of(
+        &mut self,
+        owner: &[u8],
+        max: usize,
+    ) -> Result<Vec<(G::Key, WaiterId)>, OutOfBudget> {
+        let queued = self
+            .graph
+            .queued_by(owner, self.budget.listing_max().min(max));
+        if self.budget.spend_n(queued.len().saturating_add(1)) {
             Ok(queued)
         } else {
             Err(OutOfBudget)
@@ -294,15 +301,27 @@ impl<G: WaitGraph> Search<'_, G> {
     }
 }
 
-/// Would a request of `requester` in `mode` on `key`, which cannot be granted at once, close a
-/// cycle if it waited? The question [`closes_cycle`](crate::closes_cycle) answers over
-/// [`Lock::blockers`], searched backwards within `visits` (see the module documentation).
-/// Also returns how many visits the check made.
+/// How many of the request's blockers [`check_request`] looks at forwards before searching
+/// backwards (see there).
+const PEEK: usize = 16;
+
+/// Would a request of `requester` in `mode` on `key` (whose lock is `lock`), which cannot be
+/// granted at once, close a cycle if it waited? The question
+/// [`closes_cycle`](crate::closes_cycle) answers over [`Lock::blockers`], searched backwards
+/// within `visits` (see the module documentation). Also returns how many visits the check
+/// made.
+///
+/// First a peek forwards: when the request has at most [`PEEK`] blockers and none of them has
+/// a request queued anywhere, no path leaves them and nothing closes, whatever waits for the
+/// requester (a chain of locks built in order is the common case: each new link's blocker is
+/// the next holder, which waits for nothing yet, while backwards the whole chain behind it
+/// waits for the new link). The peek's looks are visits too.
 pub fn check_request<G: WaitGraph>(
     graph: &mut G,
     requester: &[u8],
     mode: Mode,
     key: &G::Key,
+    lock: &Lock,
     visits: usize,
 ) -> (Verdict, usize) {
     let mut search = Search {
@@ -310,8 +329,36 @@ pub fn check_request<G: WaitGraph>(
         marks: HashMap::new(),
         budget: Budget::new(visits),
     };
-    let verdict = run(&mut search, requester, mode, key).unwrap_or(Verdict::Cut);
+    let verdict = run(&mut search, requester, mode, key, lock).unwrap_or(Verdict::Cut);
     (verdict, search.budget.used())
+}
+
+/// The blockers of the request when there are at most [`PEEK`] of them, `None` otherwise.
+fn few_blockers(lock: &Lock, requester: &[u8], mode: Mode) -> Option<Vec<Box<[u8]>>> {
+    let mut out: Vec<Box<[u8]>> = Vec::new();
+    let holders_conflict = lock
+        .holders()
+        .mode()
+        .is_some_and(|held| conflict(mode, held));
+    if holders_conflict {
+        if lock.holders().len() > PEEK {
+            return None;
+        }
+        for (owner, _) in lock.holders().iter() {
+            if owner != requester {
+                out.push(owner.into());
+            }
+        }
+    }
+    // Queued waiters ahead are blockers that wait: the peek cannot conclude.
+    if lock
+        .queue()
+        .iter()
+        .any(|(_, w)| *w.owner != *requester && conflict(mode, w.mode))
+    {
+        return None;
+    }
+    Some(out)
 }
 
 fn run<G: WaitGraph>(
@@ -319,14 +366,27 @@ fn run<G: WaitGraph>(
     requester: &[u8],
     mode: Mode,
     key: &G::Key,
+    lock: &Lock,
 ) -> Result<Verdict, OutOfBudget> {
     if mode == Mode::Permit {
         return Ok(Verdict::NoCycle);
     }
+    if let Some(blockers) = few_blockers(lock, requester, mode) {
+        let mut any_waits = false;
+        for owner in blockers {
+            if !search.queued_of(&owner, 1)?.is_empty() {
+                any_waits = true;
+                break;
+            }
+        }
+        if !any_waits {
+            return Ok(Verdict::NoCycle);
+        }
+    }
     // The owners whose queued requests wait for the requester on a key it holds: a cycle
     // closes exactly when one of the request's blockers reaches one of them.
     let mut start = Vec::new();
-    let own_queued = search.queued_of(requester)?;
+    let own_queued = search.queued_of(requester, usize::MAX)?;
     search.predecessors(requester, &own_queued, true, &mut start)?;
     if start.is_empty() {
         return Ok(Verdict::NoCycle);
@@ -346,8 +406,8 @@ fn run<G: WaitGraph>(
         if !search.budget.spend() {
             return Err(OutOfBudget);
         }
-        let queued = search.queued_of(&owner)?;
-        if *owner != *requester && is_blocker(search, &owner, &queued, mode, key) {
+        let queued = search.queued_of(&owner, usize::MAX)?;
+        if *owner != *requester && is_blocker(lock, &owner, &queued, mode, key) {
             return Ok(Verdict::Cycle);
         }
         found.clear();
@@ -362,34 +422,30 @@ fn run<G: WaitGraph>(
     Ok(Verdict::NoCycle)
 }
 
-/// Is `owner` one of the blockers of the new request (in `mode` on `key`): a conflicting
-/// holder of the key, or the owner of a conflicting request queued there? A test, not a
-/// listing: one lookup in the key's holders, and the owner's own queued requests.
-fn is_blocker<G: WaitGraph>(
-    search: &mut Search<'_, G>,
+/// Is `owner` one of the blockers of the new request (in `mode` on `key`, whose lock is
+/// `lock`): a conflicting holder of the key, or the owner of a conflicting request queued
+/// there? A test, not a listing: one lookup in the key's holders, and the owner's own queued
+/// requests.
+fn is_blocker<K: PartialEq>(
+    lock: &Lock,
     owner: &[u8],
-    queued: &[(G::Key, WaiterId)],
+    queued: &[(K, WaiterId)],
     mode: Mode,
-    key: &G::Key,
+    key: &K,
 ) -> bool {
-    let ids: Vec<WaiterId> = queued
-        .iter()
-        .filter(|(k, _)| k == key)
-        .map(|(_, id)| *id)
-        .collect();
-    search
-        .graph
-        .with_lock(key, |lock| {
-            let holds = lock.holders().get(owner).is_some()
-                && lock.holders().mode().is_some_and(|held| conflict(mode, held));
-            holds
-                || ids.iter().any(|id| {
-                    lock.queue()
-                        .get(*id)
-                        .is_some_and(|w| *w.owner == *owner && conflict(mode, w.mode))
-                })
+    let holds = lock.holders().get(owner).is_some()
+        && lock
+            .holders()
+            .mode()
+            .is_some_and(|held| conflict(mode, held));
+    holds
+        || queued.iter().any(|(k, id)| {
+            k == key
+                && lock
+                    .queue()
+                    .get(*id)
+                    .is_some_and(|w| *w.owner == *owner && conflict(mode, w.mode))
         })
-        .unwrap_or(false)
 }
 
 #[cfg(test)]

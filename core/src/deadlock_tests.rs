@@ -180,7 +180,8 @@ impl crate::WaitGraph for System {
 /// visits it made.
 fn searched(s: &System, owner: &[u8], key: usize, mode: Mode) -> (bool, usize) {
     let mut copy = s.clone();
-    let (verdict, used) = crate::check_request(&mut copy, owner, mode, &key, usize::MAX);
+    let (verdict, used) =
+        crate::check_request(&mut copy, owner, mode, &key, &s.locks[key], usize::MAX);
     assert_ne!(verdict, crate::Verdict::Cut);
     (verdict == crate::Verdict::Cycle, used)
 }
@@ -877,9 +878,14 @@ fn check_system(ops: &[SysOp], stats: &mut Stats) -> Result<(), String> {
                 }
                 for budget in [0, used / 2, used.saturating_sub(1), used] {
                     let mut copy = s.clone();
-                    let (verdict, spent) = crate::check_request(&mut copy, &name, mode, &k, budget);
+                    let (verdict, spent) =
+                        crate::check_request(&mut copy, &name, mode, &k, &s.locks[k], budget);
                     let expected = if budget >= used {
-                        if backward { crate::Verdict::Cycle } else { crate::Verdict::NoCycle }
+                        if backward {
+                            crate::Verdict::Cycle
+                        } else {
+                            crate::Verdict::NoCycle
+                        }
                     } else {
                         crate::Verdict::Cut
                     };

@@ -127,7 +127,11 @@ fn request(
     // A requester that holds no key anyone waits for cannot close a cycle: no walk.
     if detect && outcome == Acquired::Busy && contention::holds_contended(req.owner) {
         let budget = crate::config::deadlock_budget();
-        match deadlock::check_here(ctx, req.owner, mode, key, budget) {
+        let verdict = match lock_key.existing()? {
+            Some(value) => deadlock::check_here(ctx, req.owner, mode, key, &value.view(), budget),
+            None => Verdict::NoCycle,
+        };
+        match verdict {
             Verdict::Cycle => {
                 stats::count_deadlock();
                 return Err(RedisError::Str(DEADLOCK_CYCLE));

@@ -7,8 +7,8 @@ use redis_lock_core::parse::{self, QueuesBy};
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
 use crate::errors::arg_error;
-use crate::sys::commands::Command;
 use crate::sys::acl::Caller;
+use crate::sys::commands::Command;
 use crate::sys::context;
 use crate::waiters::{self, QueueOrder};
 

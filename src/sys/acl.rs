@@ -58,7 +58,8 @@ impl Caller {
             if name.is_null() {
                 return None;
             }
-            let user = raw::RedisModule_GetModuleUserFromUserName.map_or(ptr::null_mut(), |f| f(name));
+            let user =
+                raw::RedisModule_GetModuleUserFromUserName.map_or(ptr::null_mut(), |f| f(name));
             if let Some(free) = raw::RedisModule_FreeString {
                 free(ptr::null_mut(), name);
             }
