@@ -392,6 +392,18 @@ pub fn blocking_request(
     // The walk reaches the far end: an owner there now waits for a key the requester holds,
     // so the same request closes a cycle and is refused.
     if !matches!(waiting, Waiting::Semaphore(_)) {
+        // Version 3 bounds a check (`lock.deadlock-budget`) and searches backwards from the
+        // requester, so the chain's far end is as far as it was for the forward walk: give this
+        // one check room for it (a build without the setting refuses the CONFIG SET: fine).
+        let budget: Option<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("lock.deadlock-budget")
+            .query::<Vec<String>>(&mut c)
+            .ok()
+            .and_then(|v| v.get(1).cloned());
+        if budget.is_some() {
+            config_set(&mut c, "lock.deadlock-budget", "1000000000");
+        }
         let mut closer = RawClients::open(server, 1);
         closer.send_each(|_| acquire_words(OWN_KEY, &far));
         wait_for_module_waiters(&mut c, waiters_before as usize + 1);
@@ -401,6 +413,9 @@ pub fn blocking_request(
             reply.starts_with("-DEADLOCK"),
             "{waiting:?}: with the cycle closed the request got {reply}"
         );
+        if let Some(budget) = budget {
+            config_set(&mut c, "lock.deadlock-budget", &budget);
+        }
         drop(closer);
     }
     drop(probe);

@@ -446,7 +446,10 @@ fn main() {
          and the module skips the walk for it: the last row.) Checked in every \
          run: each timed request is answered by CLIENT UNBLOCK (it queued: neither granted nor refused), and \
          afterwards an owner at the far end of what the request waits for queues on the requester's key, after \
-         which the same request is refused with `-DEADLOCK` (for the chain only a walk of all N links sees that).\n\n\
+         which the same request is refused with `-DEADLOCK` (for the chain only a walk of all N links sees that; \
+         that check runs with `lock.deadlock-budget` raised so the walk is not cut). Since version 3 the check \
+         searches backwards, from the owners that wait for the requester (here the one bystander), so these \
+         setups no longer make it walk the queue or the chain: section 13 has the states that cost the most now.\n\n\
          - *queue*: N owners queued (as readers) on the requested key behind its writer holder; the request (a \
          writer) waits for all N.\n\
          - *chain*: N owners each hold a key and wait for the next one's; the request asks for the first key, so \
