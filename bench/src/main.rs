@@ -871,10 +871,9 @@ fn section_worst_case(md: &mut String, o: &Options, step: &dyn Fn(&str)) {
          request alone, its time from the SLOWLOG (the figure INFO commandstats adds up; a request \
          that waited is taken out with CLIENT UNBLOCK ... ERROR, and commandstats is not shown for \
          it since Redis 7.0 counts such a request twice). Default settings (`lock.deadlock-budget` \
-         {}).\n",
+         500).\n",
         worst::READERS,
         worst::CHAIN,
-        "500"
     );
     let mut builds: Vec<(String, Vec<worst::Row>)> = Vec::new();
     let mut runs: Vec<(String, &std::path::Path)> = Vec::new();

@@ -208,7 +208,7 @@ fn a_queue_reached_through_many_holders_is_listed_once() {
 
 #[test]
 fn semaphore_requests_are_never_checked() {
-    let mut keys = Keys::new(1);
+    let keys = Keys::new(1);
     assert_eq!(
         check_request(
             &mut keys.clone_graph(),
