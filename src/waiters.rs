@@ -113,16 +113,17 @@ pub struct QueueSummary {
     pub oldest_ms: u64,
 }
 
-/// How many queues [`top_queues`] looks at, at most, in one call: with the rankings kept in
-/// order this only matters when the caller may read few of the queues it meets, and it keeps
-/// LOCK.QUEUES under a millisecond of server time whatever the number of queues.
+/// How many queues [`top_queues`] skips, at most, in one call because the caller may not read
+/// them: with the rankings kept in order, the rows returned (at most COUNT) and these skips
+/// are all a call costs, which keeps LOCK.QUEUES under a millisecond of server time whatever
+/// the number of queues.
 pub const QUEUES_LOOK_LIMIT: usize = 500;
 
 /// The `count` first queues of the server in `order` that `may_read` accepts (ties: the
 /// oldest first waiter, then database and key). Reads the registry's rankings in order, so it
 /// costs the queues it looks at: the rows it returns and the ones `may_read` refuses before
-/// them, at most `limit` in all (a caller who may read few queues may then get fewer rows than
-/// exist for it, never rows out of order). `may_read` is called outside the registry's borrow.
+/// them, at most `limit` of those (a caller who may read few queues may then get fewer rows
+/// than exist for it, never rows out of order). `may_read` is called outside the registry's borrow.
 pub fn top_queues(
     now: u64,
     order: QueueOrder,
@@ -132,11 +133,12 @@ pub fn top_queues(
 ) -> Vec<QueueSummary> {
     const BATCH: usize = 64;
     let mut out = Vec::new();
-    let mut looked = 0usize;
+    let mut skipped = 0usize;
     // Where the last batch ended, in the ranking's own order.
     let mut after: Option<(u64, WaiterId, state::DbKey)> = None;
-    while out.len() < count && looked < limit {
-        let want = BATCH.min(limit - looked);
+    while out.len() < count && skipped < limit {
+        // No more than the rows still wanted (a tenant's skips take further batches).
+        let want = BATCH.min(count.saturating_sub(out.len())).max(1);
         // (length, first waiter, place, age): copied out so the ACL check runs unborrowed.
         let batch: Vec<(u64, WaiterId, state::DbKey, u64)> = with_waiters(|r| {
             let rank = |first: WaiterId, place: &state::DbKey| {
@@ -175,14 +177,18 @@ pub fn top_queues(
         });
         let exhausted = batch.len() < want;
         for (len, first, place, age) in batch {
-            looked += 1;
-            if out.len() < count && may_read(&place.1) {
+            if out.len() >= count || skipped >= limit {
+                break;
+            }
+            if may_read(&place.1) {
                 out.push(QueueSummary {
                     db: place.0,
                     key: place.1.clone(),
                     waiting: len,
                     oldest_ms: age,
                 });
+            } else {
+                skipped += 1;
             }
             after = Some((len, first, place));
         }

@@ -539,3 +539,43 @@ fn readers_that_wait_for_nothing_do_not_use_the_budget() {
     assert!(writer.join().is_ok());
     assert!(writer_own.join().is_ok());
 }
+
+/// The limit on skipped queues never shortens the answer of a user who may read them all:
+/// COUNT 1000 with 600 queues gives 600 rows, each queue once.
+#[test]
+fn a_user_with_every_key_gets_every_row() {
+    let server = Server::start();
+    let mut admin = server.client();
+    let n = 600;
+    let mut p = redis::pipe();
+    for i in 0..n {
+        p.cmd("LOCK.ACQUIRE")
+            .arg(format!("q:{i}"))
+            .arg("h")
+            .arg(LONG)
+            .ignore();
+    }
+    let () = p.query(&mut admin).expect("holders");
+    let mut conns = Vec::new();
+    for i in 0..n {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        send_raw(
+            &mut s,
+            &["LOCK.ACQUIRE", &format!("q:{i}"), "w", LONG, "WAIT", "0"],
+        )
+        .expect("send");
+        conns.push(s);
+    }
+    wait_until("every waiter queued", || {
+        info_field(&mut admin, "waiters") == n as u64
+    });
+    let rows = queues(&mut admin, &["COUNT", "1000"]);
+    assert_eq!(rows.len(), n);
+    assert_eq!(
+        queues(&mut admin, &["BY", "LENGTH", "COUNT", "1000"]).len(),
+        n
+    );
+    let distinct: std::collections::HashSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(distinct.len(), n);
+    drop(conns);
+}
