@@ -8,7 +8,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-check bench-check-update fuzz \
+.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run
 
 all: build
@@ -57,11 +57,22 @@ test-server:
 # the tool starts itself. With two or more CPUs the server runs on CPU 0 and the clients on 1.
 BENCH_PIN := $(shell [ "$$(nproc)" -ge 2 ] && command -v taskset >/dev/null && echo "taskset -c 1")
 
+# BENCH_BEFORE=path/to/an/earlier/libredis_lock.so adds that build's figures beside this one's
+# in section 13 (worst case per command); `make bench-worst-case` runs that section alone.
+BENCH_BEFORE ?=
+BENCH_BEFORE_ARG := $(if $(BENCH_BEFORE),--before $(BENCH_BEFORE))
+
 bench: deps
 	$(CARGO) build --release
 	$(CARGO) build --release -p redis-lock-bench
-	$(BENCH_PIN) target/release/lock-bench --out docs/benchmarks.md
+	$(BENCH_PIN) target/release/lock-bench $(BENCH_BEFORE_ARG) --out docs/benchmarks.md
 	$(MAKE) bench-python-run
+
+bench-worst-case: deps
+	$(CARGO) build --release
+	$(CARGO) build --release -p redis-lock-bench
+	@mkdir -p target/bench-worst-case
+	$(BENCH_PIN) target/release/lock-bench --worst-case-only $(BENCH_BEFORE_ARG) --out target/bench-worst-case/worst-case.md
 
 # Same measurements, fewer samples (under 2 minutes); writes target/bench-quick/benchmarks.md.
 bench-quick: deps

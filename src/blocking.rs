@@ -13,7 +13,8 @@ use crate::stats;
 use crate::sys::blocked::{self, BlockedClientId, BlockedHandler};
 use crate::sys::context;
 
-/// Blocks the current client as waiter `id` on (`db`, `key`). `timeout` 0 = no limit.
+/// Blocks the current client as waiter `id` on (`db`, `key`). `timeout` 0 = no limit. `user`:
+/// the ACL user that sent it, counted against `lock.max-waiters-per-user`.
 /// Returns false if Redis refused to block it.
 pub fn block(
     ctx: &Context,
@@ -22,6 +23,7 @@ pub fn block(
     key: &[u8],
     waiter: Waiter,
     timeout: Millis,
+    user: Option<Box<[u8]>>,
 ) -> bool {
     let Some(client) = blocked::block_client::<Callbacks>(ctx, timeout) else {
         return false;
@@ -39,6 +41,7 @@ pub fn block(
                 key: key.into(),
                 waiter,
                 state: WaitState::Queued,
+                user,
             },
         );
     });

@@ -32,6 +32,31 @@ pub fn refuse_when_evictable() -> bool {
     REFUSE_WHEN_EVICTABLE.load(Ordering::Relaxed)
 }
 
+/// `lock.max-waiters-per-user`: how many clients one ACL user may have waiting on all locks
+/// together; 0 (the default) = no limit of its own, only `lock.max-total-waiters`. On a
+/// server shared by tenants (one ACL user each) it keeps one tenant from using up the
+/// server-wide limit; a server with one application user needs none.
+pub static MAX_WAITERS_PER_USER: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS_PER_USER);
+pub const DEFAULT_MAX_WAITERS_PER_USER: i64 = 0;
+
+/// The per-user waiter limit, `None` when there is none.
+pub fn max_waiters_per_user() -> Option<usize> {
+    let n = MAX_WAITERS_PER_USER.load(Ordering::Relaxed);
+    (n > 0).then(|| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// `lock.deadlock-budget`: the most holders, waiters and keys one deadlock check may visit. A
+/// check that would need more lets the request wait as if no cycle were found (counted in
+/// `INFO lock` as `deadlock_checks_cut_total`). The default keeps a check at or under about
+/// 1 ms of server time (docs/operations.md has the measurement).
+pub static DEADLOCK_BUDGET: AtomicI64 = AtomicI64::new(DEFAULT_DEADLOCK_BUDGET);
+pub const DEFAULT_DEADLOCK_BUDGET: i64 = 500;
+pub const MAX_DEADLOCK_BUDGET: i64 = 1 << 40;
+
+pub fn deadlock_budget() -> usize {
+    usize::try_from(DEADLOCK_BUDGET.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
 /// What a module argument on the `loadmodule` line may hold.
 #[derive(Clone, Copy, Debug)]
 pub enum ArgKind {
@@ -67,6 +92,20 @@ pub const LOAD_ARGS: &[(&str, ArgKind)] = &[
         },
     ),
     ("refuse-when-evictable", ArgKind::Bool),
+    (
+        "max-waiters-per-user",
+        ArgKind::Integer {
+            min: 0,
+            max: MAX_MAX_WAITERS,
+        },
+    ),
+    (
+        "deadlock-budget",
+        ArgKind::Integer {
+            min: 0,
+            max: MAX_DEADLOCK_BUDGET,
+        },
+    ),
 ];
 
 /// Checks `loadmodule <path> [name value ...]` arguments against `LOAD_ARGS`: known names

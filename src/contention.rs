@@ -112,3 +112,14 @@ pub fn forget(db: i32, key: &[u8]) {
 pub fn holds_contended(owner: &[u8]) -> bool {
     with_contended(|c| c.by_owner.contains_key(owner))
 }
+
+/// Up to `max` of the keys with waiters that `owner` holds (as far as the index knows: a key
+/// listed may since hold nothing of it).
+pub fn held_keys(owner: &[u8], max: usize) -> Vec<DbKey> {
+    with_contended(|c| {
+        c.by_owner
+            .get(owner)
+            .map(|keys| keys.iter().take(max).cloned().collect())
+            .unwrap_or_default()
+    })
+}

@@ -1,54 +1,111 @@
 //! Deadlock detection, the Redis side: a lock request with WAIT that would have to wait is
-//! refused when waiting would close a cycle (SPEC.md, "Deadlock detection"). The graph and the
-//! search are in the core (`redis_lock_core::closes_cycle`); this file finds, for an owner, the
-//! requests it has queued on every key of every database (the waiter registry's by-owner
-//! index) and reads who they wait for from those keys.
+//! refused when waiting would close a cycle (SPEC.md, "Deadlock detection"). The search is in
+//! the core (`redis_lock_core::check_request`, backwards from the requester within a budget of
+//! visits); this file answers its questions from the module's indexes: which keys with waiters
+//! an owner holds (`contention`), which requests it has queued (the waiter registry's by-owner
+//! index), and what each key holds.
 //!
 //! It runs only for a request that cannot be granted at once and would queue: a request that
 //! is granted, refused without WAIT, or made inside MULTI or a script costs nothing more.
 //! Semaphore requests are left out, as SPEC.md says.
 //!
-//! Cost of one check: each owner reachable from the request's blockers is visited once; each
-//! key where a visited owner waits is read once per check (`WaitView`, built in one pass over
-//! that key's holders and queue), so a check costs about the size of the keys it reaches, not
-//! their square.
+//! Tenants (SPEC.md, "Tenants (ACL)"): the search sees only keys the requesting user may read
+//! (the requested key itself, which the command already names, is in reach). A key out of
+//! reach is as if it held nothing and nobody waited there, so a cycle through it is not
+//! found, and the reply (refused or not, and the error's fixed text) tells nothing about it.
+//!
+//! Bounded cost (SPEC.md, "Bounded cost"): a check makes at most `lock.deadlock-budget`
+//! visits; one that runs out lets the request wait as if no cycle were found, counted in
+//! `deadlock_checks_cut_total`.
 
 use std::collections::HashMap;
 
-use redis_lock_core::{closes_cycle, Blocker, WaitView};
+use redis_lock_core::{check_request, Lock, Mode, Verdict, WaitGraph, WaiterId};
 use redis_module::Context;
 
 use crate::keys::LockKey;
+use crate::state::DbKey;
+use crate::sys::acl::Caller;
 use crate::sys::context;
-use crate::waiters;
+use crate::{contention, waiters};
 
-/// Would a request of `requester` that waits for `first` (its blockers on its own key) close a
-/// cycle? Reads other keys, possibly in other databases; the selected database is restored.
-pub fn closes_cycle_here(ctx: &Context, requester: &[u8], first: Vec<Blocker>) -> bool {
-    if first.is_empty() {
-        return false;
-    }
-    let original_db = context::selected_db(ctx);
-    let mut views: HashMap<(i32, Box<[u8]>), Option<WaitView>> = HashMap::new();
-    let found = closes_cycle(requester, first, |owner| {
-        let mut out = Vec::new();
-        for (id, db, key) in waiters::queued_of(owner) {
-            let view = views.entry((db, key)).or_insert_with_key(|(db, key)| {
-                if !context::select_db(ctx, *db) {
-                    return None;
-                }
-                let mut lock_key = LockKey::open_read(ctx, key);
-                match lock_key.existing() {
-                    Ok(Some(value)) => Some(value.view().wait_view()),
-                    _ => None,
-                }
-            });
-            if let Some(view) = view {
-                out.extend_from_slice(view.blockers_of(id));
-            }
+/// The module's indexes and keys, seen by one check of one user.
+struct Graph<'c> {
+    ctx: &'c Context,
+    caller: Caller,
+    /// The requested key: in reach whatever the patterns say (the command names it).
+    request_key: DbKey,
+    /// What the user may read, per key looked at in this check.
+    readable: HashMap<DbKey, bool>,
+}
+
+impl Graph<'_> {
+    fn in_reach(&mut self, place: &DbKey) -> bool {
+        if *place == self.request_key {
+            return true;
         }
-        out
-    });
+        if let Some(known) = self.readable.get(place) {
+            return *known;
+        }
+        let ok = self.caller.may_read(&place.1);
+        self.readable.insert(place.clone(), ok);
+        ok
+    }
+}
+
+impl WaitGraph for Graph<'_> {
+    type Key = DbKey;
+
+    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<DbKey> {
+        let keys = contention::held_keys(owner, max);
+        keys.into_iter().filter(|k| self.in_reach(k)).collect()
+    }
+
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(DbKey, WaiterId)> {
+        let queued = waiters::queued_of(owner, max);
+        queued
+            .into_iter()
+            .filter(|(k, _)| self.in_reach(k))
+            .collect()
+    }
+
+    fn with_lock<R>(&mut self, key: &DbKey, f: impl FnOnce(&Lock) -> R) -> Option<R> {
+        if !self.in_reach(key) || !context::select_db(self.ctx, key.0) {
+            return None;
+        }
+        let mut lock_key = LockKey::open_read(self.ctx, &key.1);
+        match lock_key.existing() {
+            Ok(Some(value)) => Some(f(&value.view())),
+            _ => None,
+        }
+    }
+}
+
+/// Would a request of `requester` in `mode` on `key` (in the selected database; its lock is
+/// `lock`), which cannot be granted at once, close a cycle within the requesting user's reach? Reads other keys,
+/// possibly in other databases; the selected database is restored. `budget`: the most visits
+/// the check may make.
+pub fn check_here(
+    ctx: &Context,
+    requester: &[u8],
+    mode: Mode,
+    key: &[u8],
+    lock: &Lock,
+    budget: usize,
+) -> Verdict {
+    let Some(caller) = Caller::of_current(ctx) else {
+        // The user was deleted while connected: it may read nothing, so nothing is followed.
+        return Verdict::NoCycle;
+    };
+    let original_db = context::selected_db(ctx);
+    let request_key: DbKey = (original_db, key.into());
+    let mut graph = Graph {
+        ctx,
+        caller,
+        request_key: request_key.clone(),
+        readable: HashMap::new(),
+    };
+    let (verdict, _) = check_request(&mut graph, requester, mode, &request_key, lock, budget);
     context::select_db(ctx, original_db);
-    found
+    verdict
 }

@@ -61,3 +61,6 @@ pub const EVICTABLE_REFUSED: &str =
 /// and the node that no longer has the key redirects it (ASK or MOVED) to the one that has it.
 pub const KEY_MOVED: &str =
     "TRYAGAIN the key was moved to another server (MIGRATE) while this request waited; send the request again where the key now lives";
+
+pub const USER_WAITERS_FULL: &str =
+    "MAXWAITERS this ACL user's waiter limit is reached (lock.max-waiters-per-user); retry later or raise the limit";

@@ -120,6 +120,24 @@ mod module {
                     ConfigurationFlags::DEFAULT,
                     None
                 ],
+                [
+                    "deadlock-budget",
+                    &crate::config::DEADLOCK_BUDGET,
+                    crate::config::DEFAULT_DEADLOCK_BUDGET,
+                    0,
+                    crate::config::MAX_DEADLOCK_BUDGET,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
+                [
+                    "max-waiters-per-user",
+                    &crate::config::MAX_WAITERS_PER_USER,
+                    crate::config::DEFAULT_MAX_WAITERS_PER_USER,
+                    0,
+                    crate::config::MAX_MAX_WAITERS,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
             ],
             // The crate's macro wants every kind listed when any is.
             string: [],

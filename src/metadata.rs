@@ -200,6 +200,9 @@ pub const QUEUES: CommandDoc = CommandDoc {
     complexity: "O(W + C log C) where W is the number of keys with waiters and C the count; \
                  keys without waiters cost nothing",
     since: SINCE,
+    // `@read`, not `@admin`: it reports only keys the caller may read under its ACL key
+    // patterns (SPEC.md, "Tenants (ACL)"), as SCAN is `@read`; `@slow` since its cost grows
+    // with COUNT and with the queues it skips for the caller.
     acl_categories: "read slow",
     in_module_category: true,
     args: &[

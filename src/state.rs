@@ -5,6 +5,7 @@
 //! thread-local cells are enough; no borrow is ever held across a call into Redis.
 
 use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use redis_lock_core::{FenceCounter, Mode, Waiter, WaiterId};
@@ -159,6 +160,9 @@ pub struct Entry {
     pub key: Box<[u8]>,
     pub waiter: Waiter,
     pub state: WaitState,
+    /// The ACL user that sent the request, for `lock.max-waiters-per-user` (`None` for a
+    /// client without a user).
+    pub user: Option<Box<[u8]>>,
 }
 
 /// Every client blocked in the module, by waiter id, by handle and by key.
@@ -171,16 +175,27 @@ pub struct Registry {
     pub by_key: HashMap<(i32, Box<[u8]>), BTreeSet<WaiterId>>,
     /// Queued lock waiters (not semaphore ones) per owner, for deadlock detection.
     pub by_owner: HashMap<Box<[u8]>, BTreeSet<WaiterId>>,
+    /// Every key with queued waiters, by its first (oldest) waiter's id: LOCK.QUEUES BY AGE
+    /// and INFO's oldest wait read it in order instead of looking at every key.
+    pub by_age: BTreeSet<(WaiterId, DbKey)>,
+    /// The same keys by queue length, longest first (ties: the oldest first waiter).
+    pub by_length: BTreeSet<(Reverse<u64>, WaiterId, DbKey)>,
+    /// Blocked clients per ACL user (queued, or granted with the reply pending), for
+    /// `lock.max-waiters-per-user`.
+    pub by_user: HashMap<Box<[u8]>, usize>,
 }
 
 impl Registry {
     /// Records a new queued entry in every index.
     pub fn insert(&mut self, id: WaiterId, entry: Entry) {
         self.by_client.insert(entry.client_handle_id, id);
-        self.by_key
-            .entry((entry.db, entry.key.clone()))
-            .or_default()
-            .insert(id);
+        let place: DbKey = (entry.db, entry.key.clone());
+        let before = self.queue_rank(&place);
+        self.by_key.entry(place.clone()).or_default().insert(id);
+        self.rerank(place, before);
+        if let Some(user) = &entry.user {
+            *self.by_user.entry(user.clone()).or_default() += 1;
+        }
         if entry.waiter.mode != Mode::Permit {
             self.by_owner
                 .entry(entry.waiter.owner.clone())
@@ -193,12 +208,14 @@ impl Registry {
     /// Takes a waiter that leaves the queue out of the by-key and by-owner indexes.
     fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8]) {
         let k = (db, Box::<[u8]>::from(key));
+        let before = self.queue_rank(&k);
         if let Some(set) = self.by_key.get_mut(&k) {
             set.remove(&id);
             if set.is_empty() {
                 self.by_key.remove(&k);
             }
         }
+        self.rerank(k, before);
         if let Some(set) = self.by_owner.get_mut(owner) {
             set.remove(&id);
             if set.is_empty() {
@@ -207,26 +224,65 @@ impl Registry {
         }
     }
 
+    /// A key's queue length and first waiter, as `by_age` and `by_length` file it.
+    fn queue_rank(&self, place: &DbKey) -> Option<(u64, WaiterId)> {
+        let ids = self.by_key.get(place)?;
+        let first = ids.first()?;
+        Some((u64::try_from(ids.len()).unwrap_or(u64::MAX), *first))
+    }
+
+    /// Files `place` again in `by_age` and `by_length` after its queue changed from `before`.
+    fn rerank(&mut self, place: DbKey, before: Option<(u64, WaiterId)>) {
+        let after = self.queue_rank(&place);
+        if before == after {
+            return;
+        }
+        if let Some((len, first)) = before {
+            self.by_age.remove(&(first, place.clone()));
+            self.by_length.remove(&(Reverse(len), first, place.clone()));
+        }
+        if let Some((len, first)) = after {
+            self.by_age.insert((first, place.clone()));
+            self.by_length.insert((Reverse(len), first, place));
+        }
+    }
+
     pub fn remove(&mut self, id: WaiterId) -> Option<Entry> {
         let entry = self.entries.remove(&id)?;
         self.by_client.remove(&entry.client_handle_id);
+        if let Some(user) = &entry.user {
+            if let Some(n) = self.by_user.get_mut(user) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.by_user.remove(user);
+                }
+            }
+        }
         if entry.state == WaitState::Queued {
             self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
         }
         Some(entry)
     }
 
-    /// One summary per (db, key) with queued waiters: (db, key, how many, the oldest one's
-    /// wait in ms at `now`). One look per key: waiter ids grow in arrival order, so the first
-    /// id of a key's set is its oldest waiter.
-    pub fn queues(&self, now: u64) -> impl Iterator<Item = (&DbKey, u64, u64)> + '_ {
-        self.by_key.iter().map(move |(key, ids)| {
-            let oldest = ids
-                .iter()
-                .find_map(|id| self.entries.get(id))
-                .map_or(0, |e| now.saturating_sub(e.queued_at));
-            (key, u64::try_from(ids.len()).unwrap_or(u64::MAX), oldest)
-        })
+    /// How long the first waiter of a queue has waited at `now`, ms.
+    pub fn age_of(&self, first: WaiterId, now: u64) -> u64 {
+        self.entries
+            .get(&first)
+            .map_or(0, |e| now.saturating_sub(e.queued_at))
+    }
+
+    /// The longest wait and the longest queue of the server: the first entries of the two
+    /// rankings, so INFO looks at no key.
+    pub fn queue_extremes(&self, now: u64) -> (u64, u64) {
+        let oldest = self
+            .by_age
+            .first()
+            .map_or(0, |(first, _)| self.age_of(*first, now));
+        let longest = self
+            .by_length
+            .first()
+            .map_or(0, |(Reverse(len), _, _)| *len);
+        (oldest, longest)
     }
 
     /// Moves a queued entry to `state` and returns its client handle.
@@ -283,6 +339,8 @@ pub struct Counters {
     pub disconnects: Cell<u64>,
     /// Lock requests refused because waiting would have closed a cycle.
     pub deadlocks: Cell<u64>,
+    /// Deadlock checks that ran out of `lock.deadlock-budget` (the request then waited).
+    pub deadlock_checks_cut: Cell<u64>,
     /// Requests with WAIT refused because a waiter limit was reached (`-MAXWAITERS`).
     pub queue_full: Cell<u64>,
     /// Immediate grants to an owner that already held the lock, a subset of `grants`.
@@ -315,6 +373,7 @@ impl Counters {
             expirations: Cell::new(0),
             disconnects: Cell::new(0),
             deadlocks: Cell::new(0),
+            deadlock_checks_cut: Cell::new(0),
             queue_full: Cell::new(0),
             reentries: Cell::new(0),
             releases: Cell::new(0),

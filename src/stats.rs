@@ -117,6 +117,10 @@ pub fn count_deadlock() {
     with_counters(|c| bump(&c.deadlocks, 1));
 }
 
+pub fn count_deadlock_check_cut() {
+    with_counters(|c| bump(&c.deadlock_checks_cut, 1));
+}
+
 pub fn count_disconnect() {
     with_counters(|c| bump(&c.disconnects, 1));
 }
@@ -239,15 +243,9 @@ const HOLD_BUCKET_NAMES: [&str; HOLD_BUCKETS_MS.len()] = [
 ];
 
 /// The age (ms) of the longest-waiting queued client, and the longest queue of any key:
-/// computed when INFO asks, from the waiter registry (one look per key with waiters), so
-/// nothing on the hot path maintains them.
+/// read when INFO asks from the first entries of the waiter registry's two rankings.
 pub fn queue_figures(now: u64) -> (u64, u64) {
-    with_waiters(|r| {
-        r.queues(now)
-            .fold((0, 0), |(oldest, longest), (_, waiting, age)| {
-                (oldest.max(age), longest.max(waiting))
-            })
-    })
+    with_waiters(|r| r.queue_extremes(now))
 }
 
 impl InfoSource for InfoFields {
@@ -277,6 +275,7 @@ impl InfoSource for InfoFields {
                 u64::from(crate::sys::context::server_can_evict()),
             );
             add("evicted_total", c.evictions.get());
+            add("deadlock_checks_cut_total", c.deadlock_checks_cut.get());
             add("oldest_wait_ms", oldest);
             add("longest_queue", longest);
             add_histogram(

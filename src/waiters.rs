@@ -7,6 +7,9 @@
 //! up to the one `unblock` it gets: when granted or refused here, or on timeout or disconnect
 //! while queued (`blocking`).
 
+use std::cmp::Reverse;
+use std::ops::Bound;
+
 use redis_lock_core::{Waiter, WaiterId};
 
 use crate::state::{self, with_waiters, WaitState};
@@ -21,6 +24,12 @@ pub fn note_closing(client_id: u64) {
 /// How many clients are blocked in the module (queued, or granted with the reply pending).
 pub fn count() -> usize {
     with_waiters(|r| r.entries.len())
+}
+
+/// How many clients ACL user `user` has blocked in the module (queued, or granted with the
+/// reply pending).
+pub fn count_of_user(user: &[u8]) -> usize {
+    with_waiters(|r| r.by_user.get(user).copied().unwrap_or(0))
 }
 
 /// A new waiter id; ids increase in arrival order.
@@ -104,36 +113,90 @@ pub struct QueueSummary {
     pub oldest_ms: u64,
 }
 
-/// The `count` first queues of the server in `order` (ties: the other figure, then database and
-/// key). Looks once at each key with waiters and copies only the names it returns: O(W + count
-/// log count) for W keys with waiters, whatever the number of keys without any.
-pub fn top_queues(now: u64, order: QueueOrder, count: usize) -> Vec<QueueSummary> {
-    with_waiters(|r| {
-        let mut all: Vec<(&state::DbKey, u64, u64)> = r.queues(now).collect();
-        let rank = |a: &(&state::DbKey, u64, u64), b: &(&state::DbKey, u64, u64)| {
-            let (first, second) = match order {
-                QueueOrder::Age => ((b.2, b.1), (a.2, a.1)),
-                QueueOrder::Length => ((b.1, b.2), (a.1, a.2)),
+/// How many queues [`top_queues`] skips, at most, in one call because the caller may not read
+/// them: with the rankings kept in order, the rows returned (at most COUNT) and these skips
+/// are all a call costs, which keeps LOCK.QUEUES under a millisecond of server time whatever
+/// the number of queues.
+pub const QUEUES_LOOK_LIMIT: usize = 500;
+
+/// The `count` first queues of the server in `order` that `may_read` accepts (ties: the
+/// oldest first waiter, then database and key). Reads the registry's rankings in order, so it
+/// costs the queues it looks at: the rows it returns and the ones `may_read` refuses before
+/// them, at most `limit` of those (a caller who may read few queues may then get fewer rows
+/// than exist for it, never rows out of order). `may_read` is called outside the registry's borrow.
+pub fn top_queues(
+    now: u64,
+    order: QueueOrder,
+    count: usize,
+    limit: usize,
+    mut may_read: impl FnMut(&[u8]) -> bool,
+) -> Vec<QueueSummary> {
+    const BATCH: usize = 64;
+    let mut out = Vec::new();
+    let mut skipped = 0usize;
+    // Where the last batch ended, in the ranking's own order.
+    let mut after: Option<(u64, WaiterId, state::DbKey)> = None;
+    while out.len() < count && skipped < limit {
+        // No more than the rows still wanted (a tenant's skips take further batches).
+        let want = BATCH.min(count.saturating_sub(out.len())).max(1);
+        // (length, first waiter, place, age): copied out so the ACL check runs unborrowed.
+        let batch: Vec<(u64, WaiterId, state::DbKey, u64)> = with_waiters(|r| {
+            let rank = |first: WaiterId, place: &state::DbKey| {
+                let len = r
+                    .by_key
+                    .get(place)
+                    .map_or(0, |ids| u64::try_from(ids.len()).unwrap_or(u64::MAX));
+                (len, first, place.clone(), r.age_of(first, now))
             };
-            first.cmp(&second).then_with(|| a.0.cmp(b.0))
-        };
-        if count == 0 {
-            return Vec::new();
+            match order {
+                QueueOrder::Age => {
+                    let start = match &after {
+                        None => Bound::Unbounded,
+                        Some((_, first, place)) => Bound::Excluded((*first, place.clone())),
+                    };
+                    r.by_age
+                        .range((start, Bound::Unbounded))
+                        .take(want)
+                        .map(|(first, place)| rank(*first, place))
+                        .collect()
+                }
+                QueueOrder::Length => {
+                    let start = match &after {
+                        None => Bound::Unbounded,
+                        Some((len, first, place)) => {
+                            Bound::Excluded((Reverse(*len), *first, place.clone()))
+                        }
+                    };
+                    r.by_length
+                        .range((start, Bound::Unbounded))
+                        .take(want)
+                        .map(|(_, first, place)| rank(*first, place))
+                        .collect()
+                }
+            }
+        });
+        let exhausted = batch.len() < want;
+        for (len, first, place, age) in batch {
+            if out.len() >= count || skipped >= limit {
+                break;
+            }
+            if may_read(&place.1) {
+                out.push(QueueSummary {
+                    db: place.0,
+                    key: place.1.clone(),
+                    waiting: len,
+                    oldest_ms: age,
+                });
+            } else {
+                skipped += 1;
+            }
+            after = Some((len, first, place));
         }
-        if all.len() > count {
-            all.select_nth_unstable_by(count - 1, rank);
-            all.truncate(count);
+        if exhausted {
+            break;
         }
-        all.sort_unstable_by(rank);
-        all.into_iter()
-            .map(|((db, key), waiting, oldest_ms)| QueueSummary {
-                db: *db,
-                key: key.clone(),
-                waiting,
-                oldest_ms,
-            })
-            .collect()
-    })
+    }
+    out
 }
 
 /// Every (db, key) that has queued waiters, for databases `dbs` (all when empty).
@@ -147,14 +210,20 @@ pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
     })
 }
 
-/// The lock requests `owner` has queued, on any key of any database: (id, db, key).
-pub fn queued_of(owner: &[u8]) -> Vec<(WaiterId, i32, Box<[u8]>)> {
+/// Up to `max` of the lock requests `owner` has queued, on any key of any database.
+pub fn queued_of(owner: &[u8], max: usize) -> Vec<(state::DbKey, WaiterId)> {
     with_waiters(|r| {
         let Some(ids) = r.by_owner.get(owner) else {
             return Vec::new();
         };
         ids.iter()
-            .filter_map(|id| r.entries.get(id).map(|e| (*id, e.db, e.key.clone())))
+            .take(max)
+            .filter_map(|id| {
+                r.entries
+                    .get(id)
+                    .filter(|e| e.state == WaitState::Queued)
+                    .map(|e| ((e.db, e.key.clone()), *id))
+            })
             .collect()
     })
 }

@@ -43,7 +43,7 @@ use crate::server::{command_usec, info_field, Server};
 
 const REQUESTER: &str = "dl-requester";
 const OWN_KEY: &str = "dl:own";
-const PROBE_NAME: &str = "dl-probe";
+pub(crate) const PROBE_NAME: &str = "dl-probe";
 
 /// Who is waiting when the timed request arrives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,9 +77,9 @@ pub struct CheckCost {
 }
 
 /// A plain connection that sends a command and reads one single-line reply when told.
-struct Probe {
-    stream: TcpStream,
-    id: i64,
+pub(crate) struct Probe {
+    pub(crate) stream: TcpStream,
+    pub(crate) id: i64,
 }
 
 fn resp(words: &[String]) -> Vec<u8> {
@@ -91,7 +91,7 @@ fn resp(words: &[String]) -> Vec<u8> {
 }
 
 impl Probe {
-    fn open(server: &Server) -> Probe {
+    pub(crate) fn open(server: &Server) -> Probe {
         let stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(60)))
@@ -109,12 +109,12 @@ impl Probe {
         p
     }
 
-    fn send(&mut self, words: &[String]) {
+    pub(crate) fn send(&mut self, words: &[String]) {
         self.stream.write_all(&resp(words)).expect("write");
     }
 
     /// One reply line without its CRLF (a simple string, error or integer reply).
-    fn read_line(&mut self) -> String {
+    pub(crate) fn read_line(&mut self) -> String {
         let mut line = Vec::new();
         let mut byte = [0u8; 1];
         while !line.ends_with(b"\r\n") {
@@ -126,11 +126,11 @@ impl Probe {
     }
 }
 
-fn words(parts: &[&str]) -> Vec<String> {
+pub(crate) fn words(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
-fn acquire_words(key: &str, owner: &str) -> Vec<String> {
+pub(crate) fn acquire_words(key: &str, owner: &str) -> Vec<String> {
     words(&[
         "LOCK.ACQUIRE",
         key,
@@ -141,11 +141,11 @@ fn acquire_words(key: &str, owner: &str) -> Vec<String> {
     ])
 }
 
-fn lock_waiters(c: &mut Connection) -> i64 {
+pub(crate) fn lock_waiters(c: &mut Connection) -> i64 {
     info_field(c, "lock", "lock_waiters").unwrap_or(0.0) as i64
 }
 
-fn wait_for_module_waiters(c: &mut Connection, n: usize) {
+pub(crate) fn wait_for_module_waiters(c: &mut Connection, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while lock_waiters(c) != n as i64 {
         assert!(
@@ -160,7 +160,7 @@ fn wait_for_module_waiters(c: &mut Connection, n: usize) {
 /// Queues `n` waiters (after those already waiting), `cmd(i)` each, in batches of 1000: each batch is
 /// queued before the next is sent, so the requests arrive about in order (for the chain: a
 /// link queues before the links it waits for, and its own check stays short).
-fn queue_waiters(
+pub(crate) fn queue_waiters(
     server: &Server,
     c: &mut Connection,
     n: usize,
@@ -178,7 +178,7 @@ fn queue_waiters(
     out
 }
 
-fn ok_int(c: &mut Connection, parts: &[&str]) {
+pub(crate) fn ok_int(c: &mut Connection, parts: &[&str]) {
     let mut cmd = redis::cmd(parts[0]);
     for p in &parts[1..] {
         cmd.arg(*p);
@@ -268,7 +268,7 @@ fn set_up(
 }
 
 /// Sends the request, takes it out of the queue once it is there, and returns its reply.
-fn one_request(c: &mut Connection, probe: &mut Probe, request: &[String]) -> String {
+pub(crate) fn one_request(c: &mut Connection, probe: &mut Probe, request: &[String]) -> String {
     probe.send(request);
     // CLIENT UNBLOCK answers 0 until the request has been processed and is blocked; ask again
     // with a growing pause, so a slow request is not answered by a stream of retries.
@@ -291,7 +291,7 @@ fn one_request(c: &mut Connection, probe: &mut Probe, request: &[String]) -> Str
     probe.read_line()
 }
 
-fn config_set(c: &mut Connection, name: &str, value: &str) {
+pub(crate) fn config_set(c: &mut Connection, name: &str, value: &str) {
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg(name)
@@ -302,7 +302,7 @@ fn config_set(c: &mut Connection, name: &str, value: &str) {
 
 /// The durations (µs) of the SLOWLOG entries of `command` sent by the probe, and a reset of
 /// the log (in one round trip).
-fn take_probe_durations(c: &mut Connection, command: &str) -> Vec<f64> {
+pub(crate) fn take_probe_durations(c: &mut Connection, command: &str) -> Vec<f64> {
     let (entries, ()): (Vec<Value>, ()) = redis::pipe()
         .cmd("SLOWLOG")
         .arg("GET")
@@ -392,6 +392,18 @@ pub fn blocking_request(
     // The walk reaches the far end: an owner there now waits for a key the requester holds,
     // so the same request closes a cycle and is refused.
     if !matches!(waiting, Waiting::Semaphore(_)) {
+        // Version 3 bounds a check (`lock.deadlock-budget`) and searches backwards from the
+        // requester, so the chain's far end is as far as it was for the forward walk: give this
+        // one check room for it (a build without the setting refuses the CONFIG SET: fine).
+        let budget: Option<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("lock.deadlock-budget")
+            .query::<Vec<String>>(&mut c)
+            .ok()
+            .and_then(|v| v.get(1).cloned());
+        if budget.is_some() {
+            config_set(&mut c, "lock.deadlock-budget", "1000000000");
+        }
         let mut closer = RawClients::open(server, 1);
         closer.send_each(|_| acquire_words(OWN_KEY, &far));
         wait_for_module_waiters(&mut c, waiters_before as usize + 1);
@@ -401,6 +413,9 @@ pub fn blocking_request(
             reply.starts_with("-DEADLOCK"),
             "{waiting:?}: with the cycle closed the request got {reply}"
         );
+        if let Some(budget) = budget {
+            config_set(&mut c, "lock.deadlock-budget", &budget);
+        }
         drop(closer);
     }
     drop(probe);

@@ -2,7 +2,10 @@
 //! server that the tool starts itself (and, for Redlock, five more). Writes a markdown report
 //! and SVG charts (in `img/` next to it).
 //!
-//! Usage: `lock-bench [--quick] [--module PATH] [--out docs/benchmarks.md]`
+//! Usage: `lock-bench [--quick] [--module PATH] [--before PATH] [--worst-case-only] [--out
+//! docs/benchmarks.md]`. `--before` names an earlier build of the module whose worst case per
+//! command (section 13) is measured beside this one's; `--worst-case-only` runs that section
+//! alone and writes only it.
 //! (`make bench` / `make bench-quick` build the module and run it pinned to a core).
 
 mod aio;
@@ -12,6 +15,7 @@ mod locks;
 mod measure;
 mod redlock;
 mod server;
+mod worst;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -27,6 +31,9 @@ struct Options {
     quick: bool,
     module: PathBuf,
     out: PathBuf,
+    /// An earlier build, for section 13's before / after.
+    before: Option<PathBuf>,
+    worst_case_only: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -34,6 +41,8 @@ fn options() -> Result<Options, String> {
         quick: false,
         module: PathBuf::from("target/release/libredis_lock.so"),
         out: PathBuf::from("docs/benchmarks.md"),
+        before: None,
+        worst_case_only: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -41,6 +50,8 @@ fn options() -> Result<Options, String> {
             "--quick" => o.quick = true,
             "--module" => o.module = args.next().ok_or("--module needs a path")?.into(),
             "--out" => o.out = args.next().ok_or("--out needs a path")?.into(),
+            "--before" => o.before = Some(args.next().ok_or("--before needs a path")?.into()),
+            "--worst-case-only" => o.worst_case_only = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -83,6 +94,17 @@ fn main() {
         }
     };
     let started = Instant::now();
+    if o.worst_case_only {
+        let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+        let mut md = String::new();
+        section_worst_case(&mut md, &o, &step);
+        if let Err(e) = std::fs::write(&o.out, &md) {
+            eprintln!("lock-bench: cannot write {}: {e}", o.out.display());
+            std::process::exit(1);
+        }
+        println!("{md}");
+        return;
+    }
     let server = match Server::start(&o.module, Some(0)) {
         Ok(s) => s,
         Err(e) => {
@@ -424,7 +446,10 @@ fn main() {
          and the module skips the walk for it: the last row.) Checked in every \
          run: each timed request is answered by CLIENT UNBLOCK (it queued: neither granted nor refused), and \
          afterwards an owner at the far end of what the request waits for queues on the requester's key, after \
-         which the same request is refused with `-DEADLOCK` (for the chain only a walk of all N links sees that).\n\n\
+         which the same request is refused with `-DEADLOCK` (for the chain only a walk of all N links sees that; \
+         that check runs with `lock.deadlock-budget` raised so the walk is not cut). Since version 3 the check \
+         searches backwards, from the owners that wait for the requester (here the one bystander), so these \
+         setups no longer make it walk the queue or the chain: section 13 has the states that cost the most now.\n\n\
          - *queue*: N owners queued (as readers) on the requested key behind its writer holder; the request (a \
          writer) waits for all N.\n\
          - *chain*: N owners each hold a key and wait for the next one's; the request asks for the first key, so \
@@ -671,6 +696,7 @@ fn main() {
 
     let redlock_figures = section_redlock(&mut md, &mut charts, &o.module, q, &step);
     let async_figures = section_async(&mut md, &server, q, &step);
+    section_worst_case(&mut md, &o, &step);
 
     // Targets: figures compared, nothing asserted.
     let module_handoff_p99 = handoffs.first().map_or(Duration::ZERO, |h| h.p99);
@@ -829,6 +855,56 @@ fn main() {
         std::process::exit(1);
     }
     println!("{report}");
+}
+
+/// Section 13: the worst case per command (see `worst`), on a fresh server per build: this
+/// one, and `--before` when given.
+fn section_worst_case(md: &mut String, o: &Options, step: &dyn Fn(&str)) {
+    let _ = writeln!(md, "\n## 13. Worst case per command\n");
+    let _ = writeln!(
+        md,
+        "Server time of each lock command in the states that cost the most, all at once on one \
+         server: a key with {} readers and a writer queued behind them; a chain of {} locks, each \
+         holder waiting for the next key, whose end waits for the requester's own key; a semaphore \
+         of 100,000 permits, all held; about 10,000 queues. The requests that close a cycle do so \
+         through the writer (on the readers' key) and through the far end of the chain. Each \
+         request alone, its time from the SLOWLOG (the figure INFO commandstats adds up; a request \
+         that waited is taken out with CLIENT UNBLOCK ... ERROR, and commandstats is not shown for \
+         it since Redis 7.0 counts such a request twice). Default settings (`lock.deadlock-budget` \
+         500).\n",
+        worst::READERS,
+        worst::CHAIN,
+    );
+    let mut builds: Vec<(String, Vec<worst::Row>)> = Vec::new();
+    let mut runs: Vec<(String, &std::path::Path)> = Vec::new();
+    if let Some(before) = &o.before {
+        runs.push(("before".into(), before.as_path()));
+    }
+    runs.push((
+        if o.before.is_some() {
+            "after"
+        } else {
+            "this build"
+        }
+        .into(),
+        &o.module,
+    ));
+    for (name, module) in runs {
+        step(&format!("worst case: {name} ({})", module.display()));
+        let server = match Server::start(module, Some(0)) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = writeln!(md, "({name}: the server did not start: {e})\n");
+                continue;
+            }
+        };
+        builds.push((name, worst::measure(&server, o.quick, step)));
+    }
+    let refs: Vec<(&str, &[worst::Row])> = builds
+        .iter()
+        .map(|(n, r)| (n.as_str(), r.as_slice()))
+        .collect();
+    worst::table(md, &refs);
 }
 
 /// CPUs of the machine (not of this pinned process).

@@ -135,12 +135,55 @@ impl System {
         let found = closes_cycle(owner, first.clone(), |x| index.waits_for(x));
         let full = closes_cycle(owner, first, |x| index.waits_for_full(x));
         assert_eq!(found, full, "reduced and full graphs disagree");
+        let (backward, _) = searched(self, owner, key, mode);
+        assert_eq!(found, backward, "the bounded search disagrees");
         Some(found)
     }
 
     fn refused_str(&self, owner: &str, key: usize, mode: Mode) -> Option<bool> {
         self.refused(owner.as_bytes(), key, mode)
     }
+}
+
+/// The server's side of the bounded search, over the system's keys: every key is offered as
+/// possibly held (a superset, as the contention index may be), every queued request found by
+/// a look at every queue.
+impl crate::WaitGraph for System {
+    type Key = usize;
+
+    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<usize> {
+        (0..self.locks.len())
+            .filter(|k| self.locks[*k].holders().get(owner).is_some())
+            .take(max)
+            .collect()
+    }
+
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(usize, WaiterId)> {
+        let mut out = Vec::new();
+        for (k, lock) in self.locks.iter().enumerate() {
+            for (id, w) in lock.queue().iter() {
+                if *w.owner == *owner && w.mode != Mode::Permit {
+                    out.push((k, id));
+                }
+            }
+        }
+        out.truncate(max);
+        out
+    }
+
+    fn with_lock<R>(&mut self, key: &usize, f: impl FnOnce(&Lock) -> R) -> Option<R> {
+        self.locks.get(*key).map(f)
+    }
+}
+
+/// The bounded backward search with a budget that never runs out: its verdict, and the
+/// visits it made.
+fn searched(s: &System, owner: &[u8], key: usize, mode: Mode) -> (bool, usize) {
+    let mut copy = s.clone();
+    let (verdict, used) =
+        crate::check_request(&mut copy, owner, mode, &key, &s.locks[key], usize::MAX);
+    assert_ne!(verdict, crate::Verdict::Cut);
+    (verdict == crate::Verdict::Cycle, used)
 }
 
 /// The full blockers of queued waiter `id`: [`Lock::blockers`] with its own owner and mode.
@@ -824,6 +867,34 @@ fn check_system(ops: &[SysOp], stats: &mut Stats) -> Result<(), String> {
                         "o{o} {mode:?} on key {k}: closes_cycle {got} (full lists: {full}), \
                          brute force {want:?}"
                     ));
+                }
+                // The server's bounded backward search: the same answer with room enough, and
+                // with any smaller budget either the same answer or a cut, never the other one.
+                let (backward, used) = searched(&s, &name, k, mode);
+                if backward != want.is_some() {
+                    return Err(format!(
+                        "o{o} {mode:?} on key {k}: bounded search {backward}, brute force {want:?}"
+                    ));
+                }
+                for budget in [0, used / 2, used.saturating_sub(1), used] {
+                    let mut copy = s.clone();
+                    let (verdict, spent) =
+                        crate::check_request(&mut copy, &name, mode, &k, &s.locks[k], budget);
+                    let expected = if budget >= used {
+                        if backward {
+                            crate::Verdict::Cycle
+                        } else {
+                            crate::Verdict::NoCycle
+                        }
+                    } else {
+                        crate::Verdict::Cut
+                    };
+                    if verdict != expected || spent > budget {
+                        return Err(format!(
+                            "o{o} {mode:?} on key {k}: budget {budget} of {used}: {verdict:?} \
+                             after {spent} visits"
+                        ));
+                    }
                 }
                 stats.queries += 1;
                 if let Some(len) = want {

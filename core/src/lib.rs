@@ -15,6 +15,7 @@
 //! it up to the next queued writer. New requests never overtake the queue, except holders
 //! re-entering a lock they already hold.
 
+mod cycle_search;
 mod deadlock;
 mod holders;
 mod indexed;
@@ -30,6 +31,7 @@ pub mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use cycle_search::{check_request, Verdict, WaitGraph};
 pub use deadlock::{closes_cycle, Blocker, WaitView};
 pub use holders::{Holder, HolderSet, PackedOptions, INLINE_OWNER};
 pub use queue::{WaitQueue, Waiter};

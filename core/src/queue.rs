@@ -70,6 +70,31 @@ impl WaitQueue {
         self.waiters.as_ref().is_some_and(|w| w.contains_key(&id))
     }
 
+    /// Waiter `id`, if it is queued here.
+    pub fn get(&self, id: WaiterId) -> Option<&Waiter> {
+        self.waiters.as_ref()?.get(&id)
+    }
+
+    /// The waiters queued after `after` (all of them for `None`) up to and including `upto`
+    /// (to the end for `None`), in arrival order.
+    pub fn range(
+        &self,
+        after: Option<WaiterId>,
+        upto: Option<WaiterId>,
+    ) -> impl Iterator<Item = (WaiterId, &Waiter)> {
+        use std::ops::Bound;
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let end = upto.map_or(Bound::Unbounded, Bound::Included);
+        let valid = match (after, upto) {
+            (Some(a), Some(u)) => a < u,
+            _ => true,
+        };
+        self.waiters
+            .iter()
+            .filter(move |_| valid)
+            .flat_map(move |w| w.range((start, end)).map(|(id, w)| (*id, w)))
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (WaiterId, &Waiter)> {
         self.waiters
             .iter()

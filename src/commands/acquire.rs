@@ -3,14 +3,15 @@
 //! natively; `waiters` replies when it is granted, times out or leaves).
 
 use redis_lock_core::parse::{Accepts, AcquireArgs};
-use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Waiter};
+use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Verdict, Waiter};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
     arg_error, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK, DEADLOCK_CYCLE,
-    KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
+    KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS, USER_WAITERS_FULL,
 };
 use crate::keys::LockKey;
+use crate::sys::acl;
 use crate::sys::commands::Command;
 use crate::sys::context;
 use crate::{blocking, contention, deadlock, eviction, settle, stats, waiters};
@@ -98,14 +99,26 @@ fn request(
         !flags.intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
     let mut lock_key = LockKey::open_arg(ctx, key_arg);
     let queued_here = lock_key.existing_or_new()?.waiters();
+    let wants_to_wait = req.wait.is_some() && may_block;
+    // Only a request that may block is counted against its user's limit.
+    let user = if wants_to_wait {
+        acl::current_user_name(ctx)
+    } else {
+        None
+    };
+    let user_full = match (&user, crate::config::max_waiters_per_user()) {
+        (Some(user), Some(limit)) => waiters::count_of_user(user) >= limit,
+        _ => false,
+    };
     let queue_full = if queued_here >= crate::config::max_waiters() {
         Some(QUEUE_FULL)
+    } else if user_full {
+        Some(USER_WAITERS_FULL)
     } else if waiters::count() >= crate::config::max_total_waiters() {
         Some(TOO_MANY_WAITERS)
     } else {
         None
     };
-    let wants_to_wait = req.wait.is_some() && may_block;
     let may_queue = wants_to_wait && queue_full.is_none();
     // A lock request that may wait is first tried without queueing; only if it would wait is
     // it checked for a deadlock, then queued. Nothing changes in between, so the second try
@@ -117,13 +130,19 @@ fn request(
         .ok_or(RedisError::Str(KEY_VANISHED))?;
     // A requester that holds no key anyone waits for cannot close a cycle: no walk.
     if detect && outcome == Acquired::Busy && contention::holds_contended(req.owner) {
-        let blockers = match lock_key.existing()? {
-            Some(value) => value.view().blockers(req.owner, mode, None),
-            None => Vec::new(),
+        let budget = crate::config::deadlock_budget();
+        let verdict = match lock_key.existing()? {
+            Some(value) => deadlock::check_here(ctx, req.owner, mode, key, &value.view(), budget),
+            None => Verdict::NoCycle,
         };
-        if deadlock::closes_cycle_here(ctx, req.owner, blockers) {
-            stats::count_deadlock();
-            return Err(RedisError::Str(DEADLOCK_CYCLE));
+        match verdict {
+            Verdict::Cycle => {
+                stats::count_deadlock();
+                return Err(RedisError::Str(DEADLOCK_CYCLE));
+            }
+            // Waits as if no cycle were found; its WAIT timeout still ends it.
+            Verdict::Cut => stats::count_deadlock_check_cut(),
+            Verdict::NoCycle => {}
         }
     }
     if detect && outcome == Acquired::Busy {
@@ -154,7 +173,7 @@ fn request(
                 options,
                 capacity,
             };
-            if blocking::block(ctx, id, db, key, waiter, timeout) {
+            if blocking::block(ctx, id, db, key, waiter, timeout, user) {
                 lock_key.notify(c"lock.queued");
                 // The reply comes from the blocked-client callbacks.
                 Ok(RedisValue::NoReply)

@@ -1,10 +1,13 @@
 //! LOCK.QUEUES: the server's queues ranked by their oldest waiter's wait or their length, for
-//! finding stuck locks without a SCAN of the keyspace (read-only; keyless, per server).
+//! finding stuck locks without a SCAN of the keyspace (read-only; keyless, per server). Only
+//! keys the calling user may read under its ACL key patterns are reported (SPEC.md, "Tenants
+//! (ACL)"): a queue the user may not read is skipped as if it did not exist.
 
 use redis_lock_core::parse::{self, QueuesBy};
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
 use crate::errors::arg_error;
+use crate::sys::acl::Caller;
 use crate::sys::commands::Command;
 use crate::sys::context;
 use crate::waiters::{self, QueueOrder};
@@ -16,14 +19,25 @@ pub struct Queues;
 
 impl Command for Queues {
     const NAME: &'static str = "LOCK.QUEUES";
-    fn run(_ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    fn run(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let rest = args.get(1..).unwrap_or_default();
         let parsed = parse::queues(&slices(rest)).map_err(arg_error)?;
         let order = match parsed.by {
             QueuesBy::Age => QueueOrder::Age,
             QueuesBy::Length => QueueOrder::Length,
         };
-        let top = waiters::top_queues(context::now_ms(), order, parsed.count);
+        let caller = Caller::of_current(ctx);
+        let top = match &caller {
+            // A user that no longer exists may read nothing.
+            None => Vec::new(),
+            Some(caller) => waiters::top_queues(
+                context::now_ms(),
+                order,
+                parsed.count,
+                waiters::QUEUES_LOOK_LIMIT,
+                |key| caller.may_read(key),
+            ),
+        };
         Ok(RedisValue::Array(
             top.into_iter()
                 .map(|q| {

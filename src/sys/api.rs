@@ -11,7 +11,7 @@ pub fn missing() -> Vec<&'static str> {
     // SAFETY: each entry copies a function pointer (the braces read the static by value, no
     // reference is made) that the API table filled in at load, before OnLoad's body runs;
     // nothing writes them afterwards.
-    let present: [(&'static str, bool); 46] = unsafe {
+    let present: [(&'static str, bool); 52] = unsafe {
         [
             ("Milliseconds", { raw::RedisModule_Milliseconds }.is_some()),
             (
@@ -146,6 +146,25 @@ pub fn missing() -> Vec<&'static str> {
                 { raw::RedisModule_RegisterInfoFunc }.is_some(),
             ),
             ("Alloc", { raw::RedisModule_Alloc }.is_some()),
+            // The calling user's key permissions (sys::acl): Redis 7.0+, Valkey 8+.
+            (
+                "GetCurrentUserName",
+                { raw::RedisModule_GetCurrentUserName }.is_some(),
+            ),
+            (
+                "GetModuleUserFromUserName",
+                { raw::RedisModule_GetModuleUserFromUserName }.is_some(),
+            ),
+            (
+                "FreeModuleUser",
+                { raw::RedisModule_FreeModuleUser }.is_some(),
+            ),
+            (
+                "ACLCheckKeyPermissions",
+                { raw::RedisModule_ACLCheckKeyPermissions }.is_some(),
+            ),
+            ("CreateString", { raw::RedisModule_CreateString }.is_some()),
+            ("FreeString", { raw::RedisModule_FreeString }.is_some()),
         ]
     };
     present

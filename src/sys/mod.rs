@@ -16,6 +16,7 @@
 //! Every `unsafe` block carries a `// SAFETY:` comment. [`api::check`] makes sure at load that
 //! every API function used here exists, so the `map_or` defaults below never apply at run time.
 
+pub mod acl;
 pub mod alloc;
 pub mod api;
 pub mod blocked;
