@@ -92,7 +92,7 @@ pub fn on_notification(db: i32, event: &[u8], key: &[u8]) -> bool {
         }
         e.last_unlinked = None;
         if event == b"evicted" {
-            e.to_notify.push((db, key.into()));
+            *e.to_notify.entry((db, key.into())).or_default() += 1;
             true
         } else {
             false
@@ -107,9 +107,12 @@ pub fn on_notification(db: i32, event: &[u8], key: &[u8]) -> bool {
 /// How many evictions of (`db`, `key`) are waiting to be notified; forgets them.
 pub fn take_to_notify(db: i32, key: &[u8]) -> usize {
     with_eviction(|e| {
-        let before = e.to_notify.len();
-        e.to_notify.retain(|(d, k)| !(*d == db && **k == *key));
-        before.saturating_sub(e.to_notify.len())
+        if e.to_notify.is_empty() {
+            return 0;
+        }
+        e.to_notify
+            .remove(&(db, Box::<[u8]>::from(key)))
+            .unwrap_or(0)
     })
 }
 

@@ -82,7 +82,7 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
                 stats::count_hold_end(h.expires_at.saturating_sub(h.granted_at));
             }
         }
-        state::with_expired(|e| e.push(((db, key.into()), holders)));
+        state::with_expired(|e| *e.entry((db, key.into())).or_default() += holders);
     }
     if had_waiters || (holders > 0 && all_expired) {
         mark_dirty(db, key);
@@ -125,6 +125,7 @@ pub fn run_all(ctx: &Context) {
     let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
         state::with_expired(|e| e.clear());
+        state::with_give_back(|g| g.clear());
         eviction::forget_pending();
         bound::forget_gone();
         return;
@@ -156,21 +157,25 @@ pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
 fn settle(ctx: &Context, db: i32, key: &[u8]) {
     let mut lock_key = LockKey::open(ctx, key);
     let expired = state::with_expired(|e| {
-        let mut n = 0;
-        e.retain(|((d, k), count)| {
-            let this = *d == db && **k == *key;
-            if this {
-                n += count;
-            }
-            !this
-        });
-        n
+        if e.is_empty() {
+            return 0;
+        }
+        e.remove(&(db, Box::<[u8]>::from(key))).unwrap_or(0)
     });
     if expired > 0 {
         stats::count_expirations(expired);
         for _ in 0..expired {
             lock_key.notify(c"lock.expire");
         }
+    }
+    let given_back = state::with_give_back(|g| {
+        if g.is_empty() {
+            return Vec::new();
+        }
+        g.remove(&(db, Box::<[u8]>::from(key))).unwrap_or_default()
+    });
+    for (owner, token) in given_back {
+        give_back_now(&mut lock_key, &owner, token);
     }
     // The server evicted the key: its holds are gone (waiters are served below).
     for _ in 0..eviction::take_to_notify(db, key) {
@@ -207,5 +212,34 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
                 }
             });
         }
+    }
+}
+
+/// Gives back the hold a grant created, if the holder is still exactly that grant (its
+/// connection closed before the grant's reply was sent). While clients are paused nothing may
+/// be written or propagated: it is done by the settle pass after the pause.
+pub fn give_back(ctx: &Context, db: i32, key: &[u8], owner: &[u8], token: u64) {
+    if context::writes_paused() {
+        state::with_give_back(|g| {
+            g.entry((db, key.into()))
+                .or_default()
+                .push((owner.into(), token));
+        });
+        mark_dirty(db, key);
+        return;
+    }
+    if !context::select_db(ctx, db) {
+        return;
+    }
+    give_back_now(&mut LockKey::open(ctx, key), owner, token);
+}
+
+fn give_back_now(lock_key: &mut LockKey, owner: &[u8], token: u64) {
+    let still_holds = matches!(lock_key.existing(), Ok(Some(v))
+        if v.view().holders().get(owner).is_some_and(|h| h.token == token));
+    if still_holds {
+        lock_key.apply(|lock, step| lock.release(owner, false, step));
+        stats::count_given_back();
+        lock_key.notify(c"lock.release");
     }
 }
