@@ -200,3 +200,37 @@ fn expiry_timers_due_during_a_pause_expire_their_holders_after_it() {
     });
     assert_eq!(holders(&mut c, "k7"), [("long".to_string(), 1)]);
 }
+
+/// A master demoted by FAILOVER keeps the expiry timers it armed; when one fires there it must
+/// not expire anything by this server's own clock (the new master decides, and replicates it).
+#[test]
+fn a_demoted_master_does_not_expire_holders_by_its_own_timers() {
+    let (old, new) = master_and_replica(&[]);
+    let mut a = old.client();
+    let mut b = new.client();
+    // Two readers with different TTLs: the earlier one is on a timer.
+    int(&mut a, &["LOCK.RWREAD", "k", "short", "1500"]);
+    int(&mut a, &["LOCK.RWREAD", "k", "long", LONG]);
+    wait_until("the replica has both readers", || {
+        holders(&mut b, "k").len() == 2
+    });
+    query(&mut a, &["FAILOVER"]).unwrap();
+    let role = |c: &mut Connection| match query(c, &["ROLE"]).unwrap() {
+        redis::Value::Array(v) => value_text(&v[0]),
+        other => panic!("ROLE: {other:?}"),
+    };
+    wait_until("the old master is a replica", || role(&mut a) == "slave");
+    wait_until("the new master is a master", || role(&mut b) == "master");
+    // The new master may not expire anything while paused; the old one must not on its own.
+    query(&mut b, &["CLIENT", "PAUSE", PAUSE, "WRITE"]).unwrap();
+    thread::sleep(Duration::from_millis(2000));
+    // (LOCK.INFO hides a holder past its TTL anywhere, so the counter is what tells.)
+    assert_eq!(info_field(&mut a, "expirations_total"), 0);
+    query(&mut b, &["CLIENT", "UNPAUSE"]).unwrap();
+    wait_until("the new master expires the short reader", || {
+        holders(&mut b, "k") == [("long".to_string(), 1)]
+    });
+    wait_until("the old master follows", || {
+        holders(&mut a, "k") == [("long".to_string(), 1)]
+    });
+}
