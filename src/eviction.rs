@@ -15,10 +15,11 @@
 //! non-empty lock value that leaves, and an `evicted` notification for that same key is an
 //! eviction of it. A generic-class notification for the key (`del`, `rename_from`, ...)
 //! forgets the note, so a later eviction of a key of another type under the same name is not
-//! taken for a lock's. Not seen: a lock key removed by Redis's expiry or overwritten by
-//! another type's command (classes the module does not subscribe to: that would cost a
-//! callback on every write of the server), whose name, then holding another type, is evicted
-//! before any other lock value leaves; that eviction is counted as a lock's.
+//! taken for a lock's; so does an `expired` notification (Redis expired the lock key), and the
+//! next turn of the event loop (`forget_note`: the key was overwritten by another type's
+//! command, a class the module does not follow, as that would cost a callback on every write).
+//! A lock whose holders had all expired is counted as their expiration, not as an eviction,
+//! however the server removes it.
 
 use redis_module::{Context, ContextFlags};
 
@@ -44,15 +45,15 @@ pub fn check_at_load() {
     }
 }
 
-/// After CONFIG SET changed `maxmemory` or `maxmemory-policy`, or the server's role changed
-/// (a replica may ignore maxmemory): warns when the server can evict now, notes when it no
-/// longer can.
+/// After CONFIG SET changed `maxmemory`, `maxmemory-policy` or `replica-ignore-maxmemory`, or
+/// the server's role changed (a replica may ignore maxmemory): warns when the server becomes
+/// able to evict, notes when it no longer can.
 pub fn recheck(ctx: &Context) {
     let can_evict = context::server_can_evict();
     let could_evict = with_eviction(|e| std::mem::replace(&mut e.could_evict, can_evict));
-    if can_evict {
+    if can_evict && !could_evict {
         ctx.log_warning(WARNING);
-    } else if could_evict {
+    } else if !can_evict && could_evict {
         ctx.log_notice(ALL_CLEAR);
     }
 }
@@ -76,6 +77,13 @@ pub fn refusal(flags: &ContextFlags) -> Option<&'static str> {
 /// `evicted`, it was evicted.
 pub fn note_unlinked(db: i32, key: &[u8]) {
     with_eviction(|e| e.last_unlinked = Some((db, key.into())));
+}
+
+/// The next turn of the event loop: the `evicted` notification of an unlinked key comes in the
+/// same turn, so a note still there is of a key removed some other way (overwritten by another
+/// type's command, a class the module does not follow).
+pub fn forget_note() {
+    with_eviction(|e| e.last_unlinked = None);
 }
 
 /// A keyspace notification for (`db`, `key`). Returns true if it reports the eviction of a

@@ -68,12 +68,15 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
         bound::forget(conn, db, key);
     }
     let holders = lock.holders().len() as u64;
-    // Not for the empty value a command deletes after the last release (the common path):
-    // evicting it would lose nothing.
-    if had_waiters || holders > 0 || lock.delay_until() != 0 {
-        eviction::note_unlinked(db, key);
-    }
     let all_expired = lock.last_expiry().is_some_and(|t| t <= context::now_ms());
+    // Not for the empty value a command deletes after the last release (the common path):
+    // evicting it would lose nothing. Nor for one whose holders had all expired: those are
+    // counted as expirations, once, however the server removes the key.
+    if (had_waiters || holders > 0 || lock.delay_until() != 0) && !(holders > 0 && all_expired) {
+        eviction::note_unlinked(db, key);
+        // The note lives until the next turn of the event loop (see `eviction::forget_note`).
+        schedule();
+    }
     if holders > 0 && all_expired {
         // Redis expired the key: its holds ended at their expiries (counted as expirations
         // when the key is settled; their hold times are known now).
@@ -108,6 +111,7 @@ pub fn on_swapdb(a: i32, b: i32) {
 fn run_timer(ctx: &Context, _: ()) {
     crate::sys::guard::guard_silent("settle timer", || {
         state::replace_settle_scheduled(false);
+        eviction::forget_note();
         // While clients are paused the dataset stays as it is: a key whose TTL has passed
         // reads as absent but cannot be created anew, and no hand-over may happen. The keys
         // stay dirty and are settled when the pause ends.

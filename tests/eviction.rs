@@ -132,6 +132,8 @@ fn the_warning_is_logged_when_config_set_makes_eviction_possible() {
         "{}",
         log_text(&log)
     );
+    // Changing the limit while the server can evict already does not warn again.
+    config_set(&mut c, "maxmemory", "60mb");
     // Unrelated settings do not warn again.
     config_set(&mut c, "maxmemory-samples", "7");
     thread::sleep(Duration::from_millis(200));
@@ -507,4 +509,77 @@ fn a_replica_that_ignores_maxmemory_warns_when_it_is_promoted() {
     query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
     wait_until("a warning on promotion", || warnings_in(&log) == 1);
     assert_eq!(info_field(&mut r, "evictable"), 1);
+}
+
+#[test]
+fn a_replica_warns_when_config_set_makes_it_apply_maxmemory() {
+    let memory = ["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"];
+    let master = Server::start_with(&memory);
+    let log = log_path("replica-ignore");
+    let logfile = log.to_string_lossy().to_string();
+    let port = master.port.to_string();
+    let mut args = memory.to_vec();
+    args.extend(["--logfile", &logfile, "--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&args);
+    let mut r = replica.client();
+    wait_for_link(&mut r);
+    assert_eq!(warnings_in(&log), 0, "{}", log_text(&log));
+    config_set(&mut r, "replica-ignore-maxmemory", "no");
+    wait_until("a warning once the replica applies maxmemory", || {
+        warnings_in(&log) == 1
+    });
+}
+
+/// A lock key that Redis expired, whose name then holds a string that is evicted: not a lock's
+/// eviction.
+#[test]
+fn a_string_evicted_under_the_name_of_an_expired_lock_is_not_counted() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "o", "100"]);
+    thread::sleep(Duration::from_millis(300));
+    // Redis expires the key when it is read.
+    assert!(matches!(query(&mut c, &["GET", "k"]), Ok(Value::Nil)));
+    query(&mut c, &["SET", "k", "a plain string"]).unwrap();
+    config_set(&mut c, "maxmemory-policy", "allkeys-random");
+    config_set(&mut c, "maxmemory", "1");
+    wait_until("the string evicted", || int(&mut c, &["EXISTS", "k"]) == 0);
+    config_set(&mut c, "maxmemory", "0");
+    assert_eq!(info_field(&mut c, "evicted_total"), 0);
+}
+
+/// A lock whose holders had all expired, evicted before Redis removed it by expiry, is counted
+/// once: as an expiration.
+#[test]
+fn an_evicted_lock_whose_holders_had_expired_counts_as_an_expiration_only() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut c = server.client();
+    query(&mut c, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]).unwrap();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "o", "100"]);
+    thread::sleep(Duration::from_millis(300));
+    config_set(&mut c, "maxmemory-policy", "allkeys-random");
+    config_set(&mut c, "maxmemory", "1");
+    wait_until("the key evicted", || {
+        query(&mut c, &["DBSIZE"]).ok() == Some(Value::Int(0))
+    });
+    config_set(&mut c, "maxmemory", "0");
+    wait_until("the expiration counted", || {
+        info_field(&mut c, "expirations_total") == 1
+    });
+    assert_eq!(info_field(&mut c, "evicted_total"), 0);
+}
+
+/// A held lock key overwritten by SET (a class of notification the module does not follow),
+/// then its name evicted: not a lock's eviction.
+#[test]
+fn a_string_evicted_under_the_name_of_an_overwritten_lock_is_not_counted() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "o", LONG]);
+    query(&mut c, &["SET", "k", "a plain string"]).unwrap();
+    config_set(&mut c, "maxmemory-policy", "allkeys-random");
+    config_set(&mut c, "maxmemory", "1");
+    wait_until("the string evicted", || int(&mut c, &["EXISTS", "k"]) == 0);
+    config_set(&mut c, "maxmemory", "0");
+    assert_eq!(info_field(&mut c, "evicted_total"), 0);
 }
