@@ -103,7 +103,8 @@ pub struct Contended {
     pub by_key: HashMap<DbKey, HashSet<Box<[u8]>>>,
     /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
     /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
-    pub fences: HashMap<DbKey, u64>,
+    /// By database, then key: looked up by a borrowed name, with no key copy.
+    pub fences: HashMap<i32, HashMap<Box<[u8]>, u64>>,
 }
 
 pub fn with_expired<R>(f: impl FnOnce(&mut BTreeMap<DbKey, u64>) -> R) -> R {

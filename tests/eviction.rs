@@ -422,7 +422,19 @@ fn the_refusal_option_can_be_set_in_the_config_file() {
 
 #[test]
 fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over() {
-    let server = Server::start();
+    lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with(&[]);
+}
+
+#[test]
+fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with_aof() {
+    lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with(&[
+        "--appendonly",
+        "yes",
+    ]);
+}
+
+fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with(args: &[&str]) {
+    let server = Server::start_with(args);
     let mut c = server.client();
     let token = int(&mut c, &["LOCK.ACQUIRE", "k", "holder", "300"]);
     // Another lock that nobody waits for.
@@ -465,7 +477,19 @@ fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over() {
 
 #[test]
 fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it() {
-    let server = Server::start();
+    a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with(&[]);
+}
+
+#[test]
+fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with_aof() {
+    a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with(&[
+        "--appendonly",
+        "yes",
+    ]);
+}
+
+fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with(args: &[&str]) {
+    let server = Server::start_with(args);
     let mut c = server.client();
     let mut holder = server.client();
     let token = int(&mut holder, &["LOCK.ACQUIRE", "k", "h", "300", "BIND"]);
@@ -479,8 +503,12 @@ fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it()
     thread::sleep(Duration::from_millis(600));
     // The hold's TTL has passed; now its connection closes too. (This used to make the module
     // re-create the key the server still kept: an assertion failure killed the server.)
+    let holder_id = format!("id={} ", client_id(&mut holder));
     drop(holder);
-    thread::sleep(Duration::from_millis(300));
+    wait_until("the holder's connection closed", || {
+        let list = query(&mut c, &["CLIENT", "LIST"]).map(|v| value_text(&v));
+        list.is_ok_and(|l| !l.lines().any(|line| line.starts_with(&holder_id)))
+    });
     assert!(server_alive(&mut c), "the server survives");
     assert!(!waiter.is_finished(), "no hand-over during the pause");
     assert_eq!(
