@@ -156,6 +156,27 @@ mod tests {
     }
 
     #[test]
+    fn evictions_waiting_to_be_notified_are_kept_per_key() {
+        // Many keys evicted in one go, then settled one by one (each lookup is by key, so
+        // settling n keys costs O(n log n), not O(n^2)); the same key twice counts twice.
+        for i in 0..20_000u32 {
+            let key = i.to_be_bytes();
+            note_unlinked(3, &key);
+            assert!(on_notification(3, b"evicted", &key));
+        }
+        note_unlinked(3, b"again");
+        assert!(on_notification(3, b"evicted", b"again"));
+        note_unlinked(3, b"again");
+        assert!(on_notification(3, b"evicted", b"again"));
+        for i in (0..20_000u32).rev() {
+            assert_eq!(take_to_notify(3, &i.to_be_bytes()), 1);
+        }
+        assert_eq!(take_to_notify(4, b"again"), 0);
+        assert_eq!(take_to_notify(3, b"again"), 2);
+        assert!(with_eviction(|e| e.to_notify.is_empty()));
+    }
+
+    #[test]
     fn the_refusal_needs_the_option_and_both_flags() {
         let evicting = ContextFlags::MAXMEMORY | ContextFlags::EVICTED;
         assert_eq!(refusal(&evicting), None, "off by default");
