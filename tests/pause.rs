@@ -96,6 +96,10 @@ fn a_writer_leaving_during_a_pause(persistence: Persistence, departure: Departur
         "PONG"
     );
     assert!(!reader.is_finished(), "nobody is granted during the pause");
+    // LOCK.INFO shows the reader still queued, not the writer that left.
+    let map = info(&mut c, "k").expect("the lock");
+    assert_eq!(map["waiting"], redis::Value::Int(1));
+    assert_eq!(value_texts(&map["queue"]), ["read"]);
     query(&mut c, &["CLIENT", "UNPAUSE"]).unwrap();
     assert!(reader.token() > 0);
     let mut expected = vec![("r1".to_string(), 1), ("r2".to_string(), 1)];
