@@ -333,21 +333,26 @@ impl Counters {
     }
 }
 
+/// Grants to give back after a pause, per key: (owner, token) of each.
+pub type GiveBacks = BTreeMap<DbKey, Vec<(Box<[u8]>, u64)>>;
+
+/// Expiry timers deferred by a pause: (db, key, due).
+pub type DeferredTimers = Vec<(i32, Box<[u8]>, u64)>;
+
 thread_local! {
     /// Grants to give back once clients are no longer paused (`settle::give_back`): the
     /// connection closed before its grant's reply was sent, during a pause. Per key: (owner,
     /// token) of each such grant.
-    static GIVE_BACK: RefCell<BTreeMap<DbKey, Vec<(Box<[u8]>, u64)>>> =
-        const { RefCell::new(BTreeMap::new()) };
+    static GIVE_BACK: RefCell<GiveBacks> = const { RefCell::new(BTreeMap::new()) };
     /// Expiry timers that came due while clients were paused (`timers`), as (db, key, due):
     /// one poll timer fires them when the pause ends.
-    static DEFERRED_TIMERS: RefCell<Vec<(i32, Box<[u8]>, u64)>> = const { RefCell::new(Vec::new()) };
+    static DEFERRED_TIMERS: RefCell<DeferredTimers> = const { RefCell::new(Vec::new()) };
 }
 
-pub fn with_give_back<R>(f: impl FnOnce(&mut BTreeMap<DbKey, Vec<(Box<[u8]>, u64)>>) -> R) -> R {
+pub fn with_give_back<R>(f: impl FnOnce(&mut GiveBacks) -> R) -> R {
     GIVE_BACK.with(|g| f(&mut g.borrow_mut()))
 }
 
-pub fn with_deferred_timers<R>(f: impl FnOnce(&mut Vec<(i32, Box<[u8]>, u64)>) -> R) -> R {
+pub fn with_deferred_timers<R>(f: impl FnOnce(&mut DeferredTimers) -> R) -> R {
     DEFERRED_TIMERS.with(|d| f(&mut d.borrow_mut()))
 }
