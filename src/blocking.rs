@@ -9,9 +9,9 @@ use redis_module::{Context, RedisError, RedisResult, RedisValue};
 
 use crate::keys::LockKey;
 use crate::state::{self, with_waiters, Entry, WaitState};
-use crate::stats;
 use crate::sys::blocked::{self, BlockedClientId, BlockedHandler};
 use crate::sys::context;
+use crate::{settle, stats};
 
 /// Blocks the current client as waiter `id` on (`db`, `key`). `timeout` 0 = no limit. `user`:
 /// the ACL user that sent it, counted against `lock.max-waiters-per-user`.
@@ -117,7 +117,7 @@ fn on_disconnect(ctx: &Context, client: BlockedClientId) {
         WaitState::Granted { token } if closing => {
             // The connection closed after its grant was decided but before the reply was
             // sent: the client never learns it holds the lock, so give the hold back.
-            roll_back_grant(ctx, entry.db, &entry.key, &entry.waiter.owner, token);
+            settle::give_back(ctx, entry.db, &entry.key, &entry.waiter.owner, token);
         }
         WaitState::Granted { token } => {
             // Not a disconnect: Redis 7.0 processed the client's WAIT deadline after we had
@@ -155,23 +155,17 @@ fn leave_queue(ctx: &Context, id: WaiterId, entry: &Entry, event: &CStr) {
     if !context::select_db(ctx, entry.db) {
         return;
     }
+    // While clients are paused the server must not change the dataset or propagate anything
+    // (with AOF on or a replica attached it asserts so and dies), and nobody may be granted.
+    // The registry no longer lists this waiter: the settle pass after the pause drops it from
+    // the value and serves whoever it let in.
+    if context::writes_paused() {
+        context::notify_module_event(ctx, event, &ctx.create_string(&*entry.key));
+        settle::mark_dirty(entry.db, &entry.key);
+        return;
+    }
     let mut key = LockKey::open(ctx, &entry.key);
     if let Some(Some(_)) = key.apply(|lock, step| lock.cancel_waiter(id, step)) {
         key.notify(event);
-    }
-}
-
-/// Gives back the hold a grant created, if the holder is still exactly that grant.
-pub fn roll_back_grant(ctx: &Context, db: i32, key: &[u8], owner: &[u8], token: u64) {
-    if !context::select_db(ctx, db) {
-        return;
-    }
-    let mut lock_key = LockKey::open(ctx, key);
-    let still_holds = matches!(lock_key.existing(), Ok(Some(v))
-        if v.view().holders().get(owner).is_some_and(|h| h.token == token));
-    if still_holds {
-        lock_key.apply(|lock, step| lock.release(owner, false, step));
-        stats::count_given_back();
-        lock_key.notify(c"lock.release");
     }
 }

@@ -79,21 +79,31 @@ fn remove(db: i32, key: &[u8], owner: &[u8]) {
 
 fn note_fence(db: i32, key: &[u8], fence: u64) {
     with_contended(|c| {
-        let place: DbKey = (db, key.into());
-        c.fences.insert(place, fence);
+        let of_db = c.fences.entry(db).or_default();
+        // Called on every commit of a key with waiters: the key is copied only the first time.
+        match of_db.get_mut(key) {
+            Some(known) => *known = fence,
+            None => {
+                of_db.insert(key.into(), fence);
+            }
+        }
     });
 }
 
 /// The fence of (`db`, `key`) as of its last change while it had waiters.
 pub fn fence_of(db: i32, key: &[u8]) -> Option<u64> {
-    with_contended(|c| c.fences.get(&(db, Box::<[u8]>::from(key))).copied())
+    with_contended(|c| c.fences.get(&db).and_then(|f| f.get(key)).copied())
 }
 
 /// (`db`, `key`) has no waiters any more, or is gone.
 pub fn forget(db: i32, key: &[u8]) {
     with_contended(|c| {
+        if let Some(of_db) = c.fences.get_mut(&db) {
+            if of_db.remove(key).is_some() && of_db.is_empty() {
+                c.fences.remove(&db);
+            }
+        }
         let place: DbKey = (db, key.into());
-        c.fences.remove(&place);
         let Some(owners) = c.by_key.remove(&place) else {
             return;
         };

@@ -15,10 +15,11 @@
 //! non-empty lock value that leaves, and an `evicted` notification for that same key is an
 //! eviction of it. A generic-class notification for the key (`del`, `rename_from`, ...)
 //! forgets the note, so a later eviction of a key of another type under the same name is not
-//! taken for a lock's. Not seen: a lock key removed by Redis's expiry or overwritten by
-//! another type's command (classes the module does not subscribe to: that would cost a
-//! callback on every write of the server), whose name, then holding another type, is evicted
-//! before any other lock value leaves; that eviction is counted as a lock's.
+//! taken for a lock's; so does an `expired` notification (Redis expired the lock key), and the
+//! next turn of the event loop (`forget_note`: the key was overwritten by another type's
+//! command, a class the module does not follow, as that would cost a callback on every write).
+//! A lock whose holders had all expired is counted as their expiration, not as an eviction,
+//! however the server removes it.
 
 use redis_module::{Context, ContextFlags};
 
@@ -44,15 +45,15 @@ pub fn check_at_load() {
     }
 }
 
-/// After CONFIG SET changed `maxmemory` or `maxmemory-policy`, or the server's role changed
-/// (a replica may ignore maxmemory): warns when the server can evict now, notes when it no
-/// longer can.
+/// After CONFIG SET changed `maxmemory`, `maxmemory-policy` or `replica-ignore-maxmemory`, or
+/// the server's role changed (a replica may ignore maxmemory): warns when the server becomes
+/// able to evict, notes when it no longer can.
 pub fn recheck(ctx: &Context) {
     let can_evict = context::server_can_evict();
     let could_evict = with_eviction(|e| std::mem::replace(&mut e.could_evict, can_evict));
-    if can_evict {
+    if can_evict && !could_evict {
         ctx.log_warning(WARNING);
-    } else if could_evict {
+    } else if !can_evict && could_evict {
         ctx.log_notice(ALL_CLEAR);
     }
 }
@@ -78,6 +79,13 @@ pub fn note_unlinked(db: i32, key: &[u8]) {
     with_eviction(|e| e.last_unlinked = Some((db, key.into())));
 }
 
+/// The next turn of the event loop: the `evicted` notification of an unlinked key comes in the
+/// same turn, so a note still there is of a key removed some other way (overwritten by another
+/// type's command, a class the module does not follow).
+pub fn forget_note() {
+    with_eviction(|e| e.last_unlinked = None);
+}
+
 /// A keyspace notification for (`db`, `key`). Returns true if it reports the eviction of a
 /// lock key: it is then counted, and `lock.evicted` is sent when the key is settled (the
 /// caller marks it dirty).
@@ -92,7 +100,7 @@ pub fn on_notification(db: i32, event: &[u8], key: &[u8]) -> bool {
         }
         e.last_unlinked = None;
         if event == b"evicted" {
-            e.to_notify.push((db, key.into()));
+            *e.to_notify.entry((db, key.into())).or_default() += 1;
             true
         } else {
             false
@@ -107,9 +115,12 @@ pub fn on_notification(db: i32, event: &[u8], key: &[u8]) -> bool {
 /// How many evictions of (`db`, `key`) are waiting to be notified; forgets them.
 pub fn take_to_notify(db: i32, key: &[u8]) -> usize {
     with_eviction(|e| {
-        let before = e.to_notify.len();
-        e.to_notify.retain(|(d, k)| !(*d == db && **k == *key));
-        before.saturating_sub(e.to_notify.len())
+        if e.to_notify.is_empty() {
+            return 0;
+        }
+        e.to_notify
+            .remove(&(db, Box::<[u8]>::from(key)))
+            .unwrap_or(0)
     })
 }
 
@@ -142,6 +153,27 @@ mod tests {
         assert!(!on_notification(0, b"evicted", b"k"));
         assert_eq!(take_to_notify(0, b"k"), 1);
         assert_eq!(take_to_notify(0, b"k"), 0);
+    }
+
+    #[test]
+    fn evictions_waiting_to_be_notified_are_kept_per_key() {
+        // Many keys evicted in one go, then settled one by one (each lookup is by key, so
+        // settling n keys costs O(n log n), not O(n^2)); the same key twice counts twice.
+        for i in 0..20_000u32 {
+            let key = i.to_be_bytes();
+            note_unlinked(3, &key);
+            assert!(on_notification(3, b"evicted", &key));
+        }
+        note_unlinked(3, b"again");
+        assert!(on_notification(3, b"evicted", b"again"));
+        note_unlinked(3, b"again");
+        assert!(on_notification(3, b"evicted", b"again"));
+        for i in (0..20_000u32).rev() {
+            assert_eq!(take_to_notify(3, &i.to_be_bytes()), 1);
+        }
+        assert_eq!(take_to_notify(4, b"again"), 0);
+        assert_eq!(take_to_notify(3, b"again"), 2);
+        assert!(with_eviction(|e| e.to_notify.is_empty()));
     }
 
     #[test]

@@ -75,12 +75,15 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
         return;
     }
     let holders = lock.holders().len() as u64;
-    // Not for the empty value a command deletes after the last release (the common path):
-    // evicting it would lose nothing.
-    if had_waiters || holders > 0 || lock.delay_until() != 0 {
-        eviction::note_unlinked(db, key);
-    }
     let all_expired = lock.last_expiry().is_some_and(|t| t <= context::now_ms());
+    // Not for the empty value a command deletes after the last release (the common path):
+    // evicting it would lose nothing. Nor for one whose holders had all expired: those are
+    // counted as expirations, once, however the server removes the key.
+    if (had_waiters || holders > 0 || lock.delay_until() != 0) && !(holders > 0 && all_expired) {
+        eviction::note_unlinked(db, key);
+        // The note lives until the next turn of the event loop (see `eviction::forget_note`).
+        schedule();
+    }
     if holders > 0 && all_expired {
         // Redis expired the key: its holds ended at their expiries (counted as expirations
         // when the key is settled; their hold times are known now).
@@ -89,7 +92,7 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
                 stats::count_hold_end(h.expires_at.saturating_sub(h.granted_at));
             }
         }
-        state::with_expired(|e| e.push(((db, key.into()), holders)));
+        state::with_expired(|e| *e.entry((db, key.into())).or_default() += holders);
     }
     if had_waiters || (holders > 0 && all_expired) {
         mark_dirty(db, key);
@@ -115,6 +118,7 @@ pub fn on_swapdb(a: i32, b: i32) {
 fn run_timer(ctx: &Context, _: ()) {
     crate::sys::guard::guard_silent("settle timer", || {
         state::replace_settle_scheduled(false);
+        eviction::forget_note();
         // While clients are paused the dataset stays as it is: a key whose TTL has passed
         // reads as absent but cannot be created anew, and no hand-over may happen. The keys
         // stay dirty and are settled when the pause ends.
@@ -132,6 +136,7 @@ pub fn run_all(ctx: &Context) {
     let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
         state::with_expired(|e| e.clear());
+        state::with_give_back(|g| g.clear());
         eviction::forget_pending();
         bound::forget_gone();
         return;
@@ -163,21 +168,25 @@ pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
 fn settle(ctx: &Context, db: i32, key: &[u8]) {
     let mut lock_key = LockKey::open(ctx, key);
     let expired = state::with_expired(|e| {
-        let mut n = 0;
-        e.retain(|((d, k), count)| {
-            let this = *d == db && **k == *key;
-            if this {
-                n += count;
-            }
-            !this
-        });
-        n
+        if e.is_empty() {
+            return 0;
+        }
+        e.remove(&(db, Box::<[u8]>::from(key))).unwrap_or(0)
     });
     if expired > 0 {
         stats::count_expirations(expired);
         for _ in 0..expired {
             lock_key.notify(c"lock.expire");
         }
+    }
+    let given_back = state::with_give_back(|g| {
+        if g.is_empty() {
+            return Vec::new();
+        }
+        g.remove(&(db, Box::<[u8]>::from(key))).unwrap_or_default()
+    });
+    for (owner, token) in given_back {
+        give_back_now(&mut lock_key, &owner, token);
     }
     // The server evicted the key: its holds are gone (waiters are served below).
     for _ in 0..eviction::take_to_notify(db, key) {
@@ -214,5 +223,34 @@ fn settle(ctx: &Context, db: i32, key: &[u8]) {
                 }
             });
         }
+    }
+}
+
+/// Gives back the hold a grant created, if the holder is still exactly that grant (its
+/// connection closed before the grant's reply was sent). While clients are paused nothing may
+/// be written or propagated: it is done by the settle pass after the pause.
+pub fn give_back(ctx: &Context, db: i32, key: &[u8], owner: &[u8], token: u64) {
+    if context::writes_paused() {
+        state::with_give_back(|g| {
+            g.entry((db, key.into()))
+                .or_default()
+                .push((owner.into(), token));
+        });
+        mark_dirty(db, key);
+        return;
+    }
+    if !context::select_db(ctx, db) {
+        return;
+    }
+    give_back_now(&mut LockKey::open(ctx, key), owner, token);
+}
+
+fn give_back_now(lock_key: &mut LockKey, owner: &[u8], token: u64) {
+    let still_holds = matches!(lock_key.existing(), Ok(Some(v))
+        if v.view().holders().get(owner).is_some_and(|h| h.token == token));
+    if still_holds {
+        lock_key.apply(|lock, step| lock.release(owner, false, step));
+        stats::count_given_back();
+        lock_key.notify(c"lock.release");
     }
 }

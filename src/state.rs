@@ -6,7 +6,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use redis_lock_core::{FenceCounter, Mode, Waiter, WaiterId};
 
@@ -24,7 +24,7 @@ thread_local! {
     static DIRTY: RefCell<BTreeSet<DbKey>> = const { RefCell::new(BTreeSet::new()) };
     /// Keys that Redis removed because their last holder's expiry passed before our timer
     /// fired, with how many holders expired: counted and notified when the key is settled.
-    static EXPIRED: RefCell<Vec<(DbKey, u64)>> = const { RefCell::new(Vec::new()) };
+    static EXPIRED: RefCell<BTreeMap<DbKey, u64>> = const { RefCell::new(BTreeMap::new()) };
     /// Is a settle pass scheduled?
     static SETTLE_SCHEDULED: Cell<bool> = const { Cell::new(false) };
     /// Where each connection may have bound holds (`bound`): a hint, checked against the
@@ -49,7 +49,7 @@ pub struct EvictionState {
     /// `evicted` notification for this key means the eviction removed a lock.
     pub last_unlinked: Option<DbKey>,
     /// Evicted lock keys not yet notified (`lock.evicted` is sent when the key is settled).
-    pub to_notify: Vec<DbKey>,
+    pub to_notify: BTreeMap<DbKey, usize>,
     /// Could the server evict keys when the module last looked (at load, on a config change
     /// or a role change)?
     pub could_evict: bool,
@@ -59,7 +59,7 @@ impl EvictionState {
     const fn new() -> Self {
         EvictionState {
             last_unlinked: None,
-            to_notify: Vec::new(),
+            to_notify: BTreeMap::new(),
             could_evict: false,
         }
     }
@@ -104,10 +104,11 @@ pub struct Contended {
     pub by_key: HashMap<DbKey, HashSet<Box<[u8]>>>,
     /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
     /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
-    pub fences: HashMap<DbKey, u64>,
+    /// By database, then key: looked up by a borrowed name, with no key copy.
+    pub fences: HashMap<i32, HashMap<Box<[u8]>, u64>>,
 }
 
-pub fn with_expired<R>(f: impl FnOnce(&mut Vec<(DbKey, u64)>) -> R) -> R {
+pub fn with_expired<R>(f: impl FnOnce(&mut BTreeMap<DbKey, u64>) -> R) -> R {
     EXPIRED.with(|e| f(&mut e.borrow_mut()))
 }
 
@@ -422,4 +423,28 @@ pub fn migrated_waiters() -> u64 {
 
 pub fn add_migrated_waiters(n: u64) {
     MIGRATED_WAITERS.with(|m| m.set(m.get().saturating_add(n)));
+}
+
+/// Grants to give back after a pause, per key: (owner, token) of each.
+pub type GiveBacks = BTreeMap<DbKey, Vec<(Box<[u8]>, u64)>>;
+
+/// Expiry timers deferred by a pause: (db, key, due).
+pub type DeferredTimers = Vec<(i32, Box<[u8]>, u64)>;
+
+thread_local! {
+    /// Grants to give back once clients are no longer paused (`settle::give_back`): the
+    /// connection closed before its grant's reply was sent, during a pause. Per key: (owner,
+    /// token) of each such grant.
+    static GIVE_BACK: RefCell<GiveBacks> = const { RefCell::new(BTreeMap::new()) };
+    /// Expiry timers that came due while clients were paused (`timers`), as (db, key, due):
+    /// one poll timer fires them when the pause ends.
+    static DEFERRED_TIMERS: RefCell<DeferredTimers> = const { RefCell::new(Vec::new()) };
+}
+
+pub fn with_give_back<R>(f: impl FnOnce(&mut GiveBacks) -> R) -> R {
+    GIVE_BACK.with(|g| f(&mut g.borrow_mut()))
+}
+
+pub fn with_deferred_timers<R>(f: impl FnOnce(&mut DeferredTimers) -> R) -> R {
+    DEFERRED_TIMERS.with(|d| f(&mut d.borrow_mut()))
 }

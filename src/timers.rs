@@ -22,6 +22,7 @@ use redis_module::{Context, ContextFlags};
 use crate::keys::LockKey;
 use crate::sys::context;
 use crate::value::{ArmedTimer, LockValue};
+use crate::{state, waiters};
 use redis_lock_core::Millis;
 
 fn key_hash(key: &[u8]) -> u64 {
@@ -97,36 +98,79 @@ fn stop(ctx: &Context, value: &mut LockValue) {
     }
 }
 
-/// How often a due timer looks again while clients are paused.
+/// How often the deferred timers look again while clients are paused.
 const PAUSE_RETRY: Duration = Duration::from_millis(10);
 
 /// Timer callback: runs on the main thread with a context of its own.
 fn fire(ctx: &Context, target: Target) {
     crate::sys::guard::guard_silent("expiry timer", || {
         // While clients are paused the server keeps the dataset constant (a failover waits for
-        // replicas to catch up): expiry and hand-over wait for the pause to end. The value's
-        // record of its timer matches by deadline and key, so the retry still counts as it.
+        // replicas to catch up): expiry and hand-over wait for the pause to end. A due timer
+        // joins one list that a single poll timer fires when the pause is over (one timer
+        // per key looking again every few ms would keep the server busy).
         if context::writes_paused() {
-            ctx.create_timer(PAUSE_RETRY, fire, target);
+            let first = state::with_deferred_timers(|d| {
+                d.push((target.db, target.key, target.at));
+                d.len() == 1
+            });
+            if first {
+                ctx.create_timer(PAUSE_RETRY, fire_deferred, ());
+            }
             return;
         }
-        if !context::select_db(ctx, target.db) {
+        fire_now(ctx, &target);
+    });
+}
+
+/// The poll timer of the timers deferred by a pause.
+fn fire_deferred(ctx: &Context, _: ()) {
+    crate::sys::guard::guard_silent("deferred expiry timers", || {
+        if context::writes_paused() {
+            ctx.create_timer(PAUSE_RETRY, fire_deferred, ());
             return;
         }
-        let mut key = LockKey::open(ctx, &target.key);
-        let Ok(Some(value)) = key.existing() else {
-            return;
-        };
-        // Only the value's own live timer may act; a stale one (the value was replaced, or
-        // re-armed earlier) does nothing.
-        match value.timer() {
-            Some(t)
-                if t.at == target.at
-                    && t.db == target.db
-                    && t.key_hash == key_hash(&target.key) => {}
-            _ => return,
+        let original_db = context::selected_db(ctx);
+        for (db, key, at) in state::with_deferred_timers(std::mem::take) {
+            fire_now(ctx, &Target { db, key, at });
         }
-        value.take_timer();
-        key.apply(|lock, step| lock.settle(step));
+        context::select_db(ctx, original_db);
+    });
+}
+
+/// Expires the holders due at `target` and serves the waiters, if the timer is still the
+/// value's own. The value's record of its timer matches by deadline and key, so a deferred
+/// timer still counts as it.
+fn fire_now(ctx: &Context, target: &Target) {
+    if !context::select_db(ctx, target.db) {
+        return;
+    }
+    // A replica takes expiry from its master: a timer armed while this server was a master
+    // (and deferred through a failover's pause) does nothing but forget itself, so that a
+    // promotion arms a new one.
+    let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
+    let mut key = if replica {
+        LockKey::open_read(ctx, &target.key)
+    } else {
+        LockKey::open(ctx, &target.key)
+    };
+    let Ok(Some(value)) = key.existing() else {
+        return;
+    };
+    // Only the value's own live timer may act; a stale one (the value was replaced, or
+    // re-armed earlier) does nothing.
+    match value.timer() {
+        Some(t)
+            if t.at == target.at && t.db == target.db && t.key_hash == key_hash(&target.key) => {}
+        _ => return,
+    }
+    value.take_timer();
+    if replica {
+        return;
+    }
+    key.apply(|lock, step| {
+        // A waiter that gave up during a pause left the registry but is still in the value
+        // until its key is settled: it must not be granted (nobody would learn of the hold).
+        lock.retain_waiters(|id| waiters::is_queued_at(id, target.db, &target.key));
+        lock.settle(step)
     });
 }

@@ -86,6 +86,10 @@ pub fn describe(id: WaiterId) -> Option<(u64, u64)> {
 /// The waiters still queued on (`db`, `key`), in arrival order.
 pub fn queued_at(db: i32, key: &[u8]) -> Vec<(WaiterId, Waiter)> {
     with_waiters(|r| {
+        // Most keys have nobody waiting (LOCK.INFO asks for any key): no key copy then.
+        if r.by_key.is_empty() {
+            return Vec::new();
+        }
         let Some(ids) = r.by_key.get(&(db, key.into())) else {
             return Vec::new();
         };

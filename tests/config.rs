@@ -68,18 +68,21 @@ fn a_value_saved_by_config_rewrite_survives_a_restart() {
 
 #[test]
 fn bad_load_line_arguments_fail_the_start_with_the_reason_in_the_log() {
-    for (args, reason) in [
+    for (index, (args, reason)) in [
         ("MAX-WAITERS 5", "names are lowercase: max-waiters"),
         ("max-waiters 0", "must be an integer from 1 to"),
         ("max-waiters 5 max-waiters 6", "given twice"),
         ("max-waiters", "name value pairs"),
         ("refuse-when-evictable on", "must be yes or no"),
         ("no-such-thing 1", "unknown module argument"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let dir = std::env::temp_dir().join(format!(
             "redis-lock-badargs-{}-{}",
             std::process::id(),
-            args.len()
+            index
         ));
         let _ = std::fs::create_dir_all(&dir);
         let log = dir.join("server.log");

@@ -132,6 +132,8 @@ fn the_warning_is_logged_when_config_set_makes_eviction_possible() {
         "{}",
         log_text(&log)
     );
+    // Changing the limit while the server can evict already does not warn again.
+    config_set(&mut c, "maxmemory", "60mb");
     // Unrelated settings do not warn again.
     config_set(&mut c, "maxmemory-samples", "7");
     thread::sleep(Duration::from_millis(200));
@@ -420,7 +422,19 @@ fn the_refusal_option_can_be_set_in_the_config_file() {
 
 #[test]
 fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over() {
-    let server = Server::start();
+    lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with(&[]);
+}
+
+#[test]
+fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with_aof() {
+    lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with(&[
+        "--appendonly",
+        "yes",
+    ]);
+}
+
+fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over_with(args: &[&str]) {
+    let server = Server::start_with(args);
     let mut c = server.client();
     let token = int(&mut c, &["LOCK.ACQUIRE", "k", "holder", "300"]);
     // Another lock that nobody waits for.
@@ -463,7 +477,19 @@ fn lock_info_shows_the_waiters_while_a_pause_holds_back_the_hand_over() {
 
 #[test]
 fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it() {
-    let server = Server::start();
+    a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with(&[]);
+}
+
+#[test]
+fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with_aof() {
+    a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with(&[
+        "--appendonly",
+        "yes",
+    ]);
+}
+
+fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it_with(args: &[&str]) {
+    let server = Server::start_with(args);
     let mut c = server.client();
     let mut holder = server.client();
     let token = int(&mut holder, &["LOCK.ACQUIRE", "k", "h", "300", "BIND"]);
@@ -477,8 +503,12 @@ fn a_bound_hold_whose_connection_closes_during_a_pause_is_handed_over_after_it()
     thread::sleep(Duration::from_millis(600));
     // The hold's TTL has passed; now its connection closes too. (This used to make the module
     // re-create the key the server still kept: an assertion failure killed the server.)
+    let holder_id = format!("id={} ", client_id(&mut holder));
     drop(holder);
-    thread::sleep(Duration::from_millis(300));
+    wait_until("the holder's connection closed", || {
+        let list = query(&mut c, &["CLIENT", "LIST"]).map(|v| value_text(&v));
+        list.is_ok_and(|l| !l.lines().any(|line| line.starts_with(&holder_id)))
+    });
     assert!(server_alive(&mut c), "the server survives");
     assert!(!waiter.is_finished(), "no hand-over during the pause");
     assert_eq!(
@@ -507,4 +537,77 @@ fn a_replica_that_ignores_maxmemory_warns_when_it_is_promoted() {
     query(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
     wait_until("a warning on promotion", || warnings_in(&log) == 1);
     assert_eq!(info_field(&mut r, "evictable"), 1);
+}
+
+#[test]
+fn a_replica_warns_when_config_set_makes_it_apply_maxmemory() {
+    let memory = ["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"];
+    let master = Server::start_with(&memory);
+    let log = log_path("replica-ignore");
+    let logfile = log.to_string_lossy().to_string();
+    let port = master.port.to_string();
+    let mut args = memory.to_vec();
+    args.extend(["--logfile", &logfile, "--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&args);
+    let mut r = replica.client();
+    wait_for_link(&mut r);
+    assert_eq!(warnings_in(&log), 0, "{}", log_text(&log));
+    config_set(&mut r, "replica-ignore-maxmemory", "no");
+    wait_until("a warning once the replica applies maxmemory", || {
+        warnings_in(&log) == 1
+    });
+}
+
+/// A lock key that Redis expired, whose name then holds a string that is evicted: not a lock's
+/// eviction.
+#[test]
+fn a_string_evicted_under_the_name_of_an_expired_lock_is_not_counted() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "o", "100"]);
+    thread::sleep(Duration::from_millis(300));
+    // Redis expires the key when it is read.
+    assert!(matches!(query(&mut c, &["GET", "k"]), Ok(Value::Nil)));
+    query(&mut c, &["SET", "k", "a plain string"]).unwrap();
+    config_set(&mut c, "maxmemory-policy", "allkeys-random");
+    config_set(&mut c, "maxmemory", "1");
+    wait_until("the string evicted", || int(&mut c, &["EXISTS", "k"]) == 0);
+    config_set(&mut c, "maxmemory", "0");
+    assert_eq!(info_field(&mut c, "evicted_total"), 0);
+}
+
+/// A lock whose holders had all expired, evicted before Redis removed it by expiry, is counted
+/// once: as an expiration.
+#[test]
+fn an_evicted_lock_whose_holders_had_expired_counts_as_an_expiration_only() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut c = server.client();
+    query(&mut c, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]).unwrap();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "o", "100"]);
+    thread::sleep(Duration::from_millis(300));
+    config_set(&mut c, "maxmemory-policy", "allkeys-random");
+    config_set(&mut c, "maxmemory", "1");
+    wait_until("the key evicted", || {
+        query(&mut c, &["DBSIZE"]).ok() == Some(Value::Int(0))
+    });
+    config_set(&mut c, "maxmemory", "0");
+    wait_until("the expiration counted", || {
+        info_field(&mut c, "expirations_total") == 1
+    });
+    assert_eq!(info_field(&mut c, "evicted_total"), 0);
+}
+
+/// A held lock key overwritten by SET (a class of notification the module does not follow),
+/// then its name evicted: not a lock's eviction.
+#[test]
+fn a_string_evicted_under_the_name_of_an_overwritten_lock_is_not_counted() {
+    let server = Server::start();
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "k", "o", LONG]);
+    query(&mut c, &["SET", "k", "a plain string"]).unwrap();
+    config_set(&mut c, "maxmemory-policy", "allkeys-random");
+    config_set(&mut c, "maxmemory", "1");
+    wait_until("the string evicted", || int(&mut c, &["EXISTS", "k"]) == 0);
+    config_set(&mut c, "maxmemory", "0");
+    assert_eq!(info_field(&mut c, "evicted_total"), 0);
 }

@@ -49,7 +49,13 @@ impl Command for Info {
                 ])
             })
             .collect();
-        let queue: Vec<(WaiterId, &Waiter)> = lock.queue().iter().collect();
+        // A waiter that left during a client pause stays in the value until the pause ends
+        // (`blocking`); it is not shown.
+        let queue: Vec<(WaiterId, &Waiter)> = lock
+            .queue()
+            .iter()
+            .filter(|(id, _)| waiters::describe(*id).is_some())
+            .collect();
         let capacity = match lock.kind() {
             Kind::Semaphore(capacity) => Some(capacity),
             _ => None,

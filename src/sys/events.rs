@@ -80,7 +80,9 @@ fn changes_memory_settings(data: *mut c_void) -> bool {
         }
         // SAFETY: as above; the name is NUL-terminated.
         let name = unsafe { CStr::from_ptr(name) }.to_bytes();
-        name.eq_ignore_ascii_case(b"maxmemory") || name.eq_ignore_ascii_case(b"maxmemory-policy")
+        name.eq_ignore_ascii_case(b"maxmemory")
+            || name.eq_ignore_ascii_case(b"maxmemory-policy")
+            || name.eq_ignore_ascii_case(b"replica-ignore-maxmemory")
     })
 }
 
@@ -184,13 +186,17 @@ pub fn subscribe<H: EventHandler>(ctx: &Context) -> Result<(), String> {
         }
     }
     // Module subscribers get every event of their classes whatever notify-keyspace-events
-    // says. The evicted class adds one callback per evicted key (and none otherwise).
+    // says. The evicted class adds one callback per evicted key (and none otherwise); the
+    // expired class one per key the server expires (it tells a lock key's expiry from its
+    // eviction, see `eviction`).
     // SAFETY: as above.
     let rc = unsafe {
         raw::RedisModule_SubscribeToKeyspaceEvents.map_or(1, |f| {
             f(
                 ctx.ctx,
-                raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EVICTED,
+                raw::REDISMODULE_NOTIFY_GENERIC
+                    | raw::REDISMODULE_NOTIFY_EVICTED
+                    | raw::REDISMODULE_NOTIFY_EXPIRED,
                 Some(on_keyspace_event::<H>),
             )
         })
