@@ -192,7 +192,9 @@ pub const SYNC: CommandDoc = CommandDoc {
 pub const QUEUES: CommandDoc = CommandDoc {
     name: "lock.queues",
     arity: -1,
-    flags: "readonly",
+    // deny-script: a script's client carries the caller's user in a way the module cannot read
+    // safely (the server dereferences it), so the per-user filter could not be applied there.
+    flags: "readonly deny-script",
     access: KeyAccess::None,
     summary: "Lists this server's lock queues, ranked by their longest-waiting client's wait \
                   (BY AGE, the default) or by their length (BY LENGTH): [key, db, waiting, \

@@ -12,9 +12,8 @@ use std::ptr;
 use redis_module::{raw, Context, ContextFlags};
 
 /// The user whose permissions are checked, for as long as the handle lives; the user is freed
-/// when it drops. `Unrestricted` is a client that has no user: the replication link and the
-/// AOF loader, which Redis lets do everything (and whose user Redis 7.0 would dereference as
-/// NULL if asked for its name).
+/// when it drops. `Unrestricted` is a client that has no user of its own, which the server
+/// lets do everything (see `ClientUser::None`).
 pub enum Caller {
     Unrestricted,
     User(ModuleUser),
@@ -42,22 +41,14 @@ impl Caller {
     /// The user of the client running the current command. A user that no longer exists
     /// (deleted by ACL DELUSER while its connection stays) is `None`: nothing is readable.
     pub fn of_current(ctx: &Context) -> Option<Caller> {
-        if ctx
-            .get_flags()
-            .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
-        {
-            return Some(Caller::Unrestricted);
-        }
-        // SAFETY: ctx is the live context of a command sent by a client (the replication link
-        // and the AOF loader, whose client has no user, were excluded above), so
-        // GetCurrentUserName reads that client's user name; the returned string is ours and is
-        // freed below, after GetModuleUserFromUserName has looked the user up by it (the
-        // lookup copies nothing from the name).
+        let name = match client_user_name(ctx) {
+            ClientUser::None => return Some(Caller::Unrestricted),
+            ClientUser::Named(name) => name,
+        };
+        // SAFETY: `name` is a string we own (from GetClientUserNameById); it is freed right
+        // after GetModuleUserFromUserName has looked the user up by it (the lookup copies
+        // nothing from the name).
         let user = unsafe {
-            let name = raw::RedisModule_GetCurrentUserName.map_or(ptr::null_mut(), |f| f(ctx.ctx));
-            if name.is_null() {
-                return None;
-            }
             let user =
                 raw::RedisModule_GetModuleUserFromUserName.map_or(ptr::null_mut(), |f| f(name));
             if let Some(free) = raw::RedisModule_FreeString {
@@ -100,24 +91,59 @@ impl Caller {
 }
 
 /// The name of the user running the current command, for the per-user waiter cap; `None`
-/// for the replication link and the AOF loader, which have no user.
+/// for a client that has no user of its own (see [`client_user_name`]).
 pub fn current_user_name(ctx: &Context) -> Option<Box<[u8]>> {
-    if ctx
-        .get_flags()
-        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
-    {
+    let ClientUser::Named(name) = client_user_name(ctx) else {
         return None;
-    }
-    // SAFETY: as in `Caller::of_current`; the name's bytes are copied before it is freed.
+    };
+    // SAFETY: `name` is a string we own; its bytes are copied before it is freed, once.
     unsafe {
-        let name = raw::RedisModule_GetCurrentUserName.map_or(ptr::null_mut(), |f| f(ctx.ctx));
-        if name.is_null() {
-            return None;
-        }
         let copy = super::context::with_bytes(name, |b| Box::<[u8]>::from(b));
         if let Some(free) = raw::RedisModule_FreeString {
             free(ptr::null_mut(), name);
         }
         Some(copy)
+    }
+}
+
+/// The user of the client running the current command.
+enum ClientUser {
+    /// A client without a user of its own, which the server lets do everything: the
+    /// replication link, the AOF loader, and the temporary client of another module's
+    /// `RedisModule_Call` (which runs as the superuser unless that module asked the server to
+    /// check a user's permissions, which the server then did for the command itself).
+    None,
+    /// The user's name, a string the caller owns and must free.
+    Named(*mut raw::RedisModuleString),
+}
+
+/// Looks the user up by the client's id (`GetClientUserNameById`), never through
+/// `GetCurrentUserName`: that one dereferences the client's user, which is NULL for the
+/// clients listed under [`ClientUser::None`] (Redis 7.0 and Valkey 8 crash there), while the
+/// lookup by id answers NULL for a client that is not a registered connection or has no user.
+/// Scripts cannot get here: LOCK.QUEUES is `deny-script`, and nothing else asks for the user
+/// unless the request may block, which it may not in a script.
+fn client_user_name(ctx: &Context) -> ClientUser {
+    if ctx
+        .get_flags()
+        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+    {
+        return ClientUser::None;
+    }
+    // SAFETY: ctx is the live context of the current command; GetClientId reads its client's
+    // id, and GetClientUserNameById looks that id up among the registered connections,
+    // returning NULL (not crashing) when there is none or it has no user. The returned string
+    // is created without auto-memory (the module never enables it), so the caller owns it.
+    let name = unsafe {
+        let id = raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx));
+        if id == 0 {
+            return ClientUser::None;
+        }
+        raw::RedisModule_GetClientUserNameById.map_or(ptr::null_mut(), |f| f(ctx.ctx, id))
+    };
+    if name.is_null() {
+        ClientUser::None
+    } else {
+        ClientUser::Named(name)
     }
 }

@@ -148,8 +148,8 @@ pub fn missing() -> Vec<&'static str> {
             ("Alloc", { raw::RedisModule_Alloc }.is_some()),
             // The calling user's key permissions (sys::acl): Redis 7.0+, Valkey 8+.
             (
-                "GetCurrentUserName",
-                { raw::RedisModule_GetCurrentUserName }.is_some(),
+                "GetClientUserNameById",
+                { raw::RedisModule_GetClientUserNameById }.is_some(),
             ),
             (
                 "GetModuleUserFromUserName",
