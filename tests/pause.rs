@@ -4,7 +4,7 @@
 //! change no key and grant nobody until the pause ends; then the waiters it let in are served.
 
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::Connection;
 use redis_lock_testkit::*;
@@ -51,7 +51,8 @@ fn a_writer_leaving_during_a_pause(persistence: Persistence, departure: Departur
     let mut c = master.client();
     int(&mut c, &["LOCK.RWREAD", "k", "r1", LONG]);
     let wait = match departure {
-        Departure::Timeout => "300",
+        // Long enough that the pause surely starts first, even on a loaded machine.
+        Departure::Timeout => "1500",
         Departure::Unblock | Departure::Kill => "0",
     };
     let writer = spawn_waiter(
@@ -154,15 +155,18 @@ fn a_writer_killed_during_a_pause_with_a_replica_writes_nothing_until_it_ends() 
 /// timer, not the key's own TTL, ends it.)
 #[test]
 fn an_expiry_deferred_by_a_pause_does_not_grant_a_waiter_that_left_during_it() {
-    for _ in 0..6 {
+    // The short holder's TTL must pass only after the pause has begun (and `gone` timed out),
+    // so it is seconds, not a race with the set-up on a loaded machine.
+    for _ in 0..3 {
         let server = Server::start();
         let mut c = server.client();
-        int(&mut c, &["LOCK.SEMACQUIRE", "s", "short", "2", "600"]);
+        let start = Instant::now();
+        int(&mut c, &["LOCK.SEMACQUIRE", "s", "short", "2", "3000"]);
         int(&mut c, &["LOCK.SEMACQUIRE", "s", "long", "2", LONG]);
         let gone = spawn_waiter(
             &server,
             &mut c,
-            &["LOCK.SEMACQUIRE", "s", "gone", "2", LONG, "WAIT", "300"],
+            &["LOCK.SEMACQUIRE", "s", "gone", "2", LONG, "WAIT", "1000"],
             1,
         );
         let next = spawn_waiter(
@@ -172,9 +176,14 @@ fn an_expiry_deferred_by_a_pause_does_not_grant_a_waiter_that_left_during_it() {
             2,
         );
         query(&mut c, &["CLIENT", "PAUSE", PAUSE, "WRITE"]).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_millis(2500),
+            "the set-up took {:?}: the short hold may have ended before the pause",
+            start.elapsed()
+        );
         assert_eq!(gone.join().unwrap(), redis::Value::Nil);
         // Past the short holder's TTL: its timer is due and waits for the pause to end.
-        thread::sleep(Duration::from_millis(700));
+        thread::sleep(Duration::from_millis(3300).saturating_sub(start.elapsed()));
         query(&mut c, &["CLIENT", "UNPAUSE"]).unwrap();
         let token = next.token();
         let mut got = holders(&mut c, "s");
@@ -193,15 +202,23 @@ fn an_expiry_deferred_by_a_pause_does_not_grant_a_waiter_that_left_during_it() {
 fn expiry_timers_due_during_a_pause_expire_their_holders_after_it() {
     let server = Server::start();
     let mut c = server.client();
+    let start = Instant::now();
     for i in 0..50 {
         let key = format!("k{i}");
         // Two readers with different TTLs: the earlier one needs a timer.
-        int(&mut c, &["LOCK.RWREAD", &key, "short", "200"]);
+        int(&mut c, &["LOCK.RWREAD", &key, "short", "2000"]);
         int(&mut c, &["LOCK.RWREAD", &key, "long", LONG]);
     }
     query(&mut c, &["CLIENT", "PAUSE", PAUSE, "WRITE"]).unwrap();
-    thread::sleep(Duration::from_millis(500));
-    assert_eq!(info_field(&mut c, "expirations_total"), 0);
+    let before = info_field(&mut c, "expirations_total");
+    assert!(
+        before < 50,
+        "every short hold ended before the pause began ({:?} of set-up)",
+        start.elapsed()
+    );
+    // Past every short TTL: their timers are due and wait for the pause to end.
+    thread::sleep(Duration::from_millis(2300).saturating_sub(start.elapsed()));
+    assert_eq!(info_field(&mut c, "expirations_total"), before);
     query(&mut c, &["CLIENT", "UNPAUSE"]).unwrap();
     wait_until("50 expirations", || {
         info_field(&mut c, "expirations_total") == 50
