@@ -660,12 +660,7 @@ fn an_aof_with_the_text_sync_state_of_earlier_versions_still_loads() {
     int(&mut c, &["LOCK.ACQUIRE", "current", "me", "600000"]);
     server.signal("KILL");
     wait_until("the server is dead", || !server.alive());
-    let dir = server.dir.join("appendonlydir");
-    let incr = std::fs::read_dir(&dir)
-        .expect("appendonlydir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
-        .expect("an incr AOF file");
+    let incr = server.incr_aof();
     let expires_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")

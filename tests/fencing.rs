@@ -23,16 +23,6 @@ fn a_restart_without_persistence_continues_above_every_token() {
     assert!(next > max, "token {next} after the restart, {max} before");
 }
 
-/// The AOF file that receives new writes (Redis 7 / Valkey 8 multi-part AOF).
-fn incr_aof(server: &Server) -> std::path::PathBuf {
-    let dir = server.dir.join("appendonlydir");
-    std::fs::read_dir(&dir)
-        .expect("appendonlydir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
-        .expect("an incr AOF file")
-}
-
 #[test]
 fn sigkill_with_appendfsync_everysec_right_after_grants_continues_above_them() {
     let mut server = Server::start_with(&[
@@ -47,7 +37,7 @@ fn sigkill_with_appendfsync_everysec_right_after_grants_continues_above_them() {
     // Some grants reach the disk (everysec: give the fsync its second)...
     grant_many(&mut c, "early", 20);
     thread::sleep(Duration::from_millis(1500));
-    let aof = incr_aof(&server);
+    let aof = server.incr_aof();
     let synced = std::fs::metadata(&aof).expect("aof").len();
     // ...the last ones do not: they were replied, then the machine lost what had not been
     // fsynced. A process kill alone loses nothing the kernel has, so the lost tail is cut off

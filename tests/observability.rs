@@ -289,23 +289,7 @@ fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
 
 /// LOCK.QUEUES [key, db, waiting, oldest ms] rows.
 fn queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64, i64)> {
-    let mut words = vec!["LOCK.QUEUES"];
-    words.extend_from_slice(args);
-    match query(c, &words).expect("LOCK.QUEUES") {
-        Value::Array(rows) => rows
-            .iter()
-            .map(|r| match r {
-                Value::Array(p) => match &p[..] {
-                    [k, Value::Int(db), Value::Int(n), Value::Int(age)] => {
-                        (value_text(k), *db, *n, *age)
-                    }
-                    other => panic!("row {other:?}"),
-                },
-                other => panic!("row {other:?}"),
-            })
-            .collect(),
-        other => panic!("LOCK.QUEUES reply {other:?}"),
-    }
+    lock_queues(c, args)
 }
 
 #[test]

@@ -97,22 +97,6 @@ fn shapes(c: &mut Connection) -> Vec<(&'static str, Vec<u8>)> {
     .collect()
 }
 
-/// A small deterministic generator (xorshift64*), so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// Values at the edges of every range the decoder checks.
 fn interesting(rng: &mut Rng, now: u64, current: u64) -> u64 {
     let table = [
@@ -143,20 +127,20 @@ fn interesting(rng: &mut Rng, now: u64, current: u64) -> u64 {
         rng.next(),
         rng.next() >> 32,
     ];
-    table[rng.below(table.len())]
+    table[rng.index(table.len())]
 }
 
 fn mutate(rng: &mut Rng, original: &ModuleDump, now: u64) -> Vec<u8> {
     let mut d = original.clone();
-    let rounds = 1 + rng.below(3);
+    let rounds = 1 + rng.index(3);
     for _ in 0..rounds {
         let n = d.fields.len();
-        match rng.below(10) {
+        match rng.index(10) {
             0..=4 if n > 0 => {
-                let i = rng.below(n);
+                let i = rng.index(n);
                 d.fields[i] = match &d.fields[i] {
                     Field::Unsigned(v) => Field::Unsigned(interesting(rng, now, *v)),
-                    Field::Bytes(b) => match rng.below(5) {
+                    Field::Bytes(b) => match rng.index(5) {
                         0 => Field::Bytes(Vec::new()),
                         1 => Field::Bytes(vec![b'x'; 1025]),
                         2 => Field::Bytes(vec![b'y'; 1024]),
@@ -172,7 +156,7 @@ fn mutate(rng: &mut Rng, original: &ModuleDump, now: u64) -> Vec<u8> {
                                 .collect();
                             Field::Bytes(
                                 others
-                                    .get(rng.below(others.len()))
+                                    .get(rng.index(others.len()))
                                     .cloned()
                                     .unwrap_or_default(),
                             )
@@ -182,35 +166,35 @@ fn mutate(rng: &mut Rng, original: &ModuleDump, now: u64) -> Vec<u8> {
                 };
             }
             5 if n > 0 => {
-                d.fields.remove(rng.below(n));
+                d.fields.remove(rng.index(n));
             }
             6 if n > 0 => {
-                let i = rng.below(n);
+                let i = rng.index(n);
                 let f = d.fields[i].clone();
-                d.fields.insert(rng.below(n + 1), f);
+                d.fields.insert(rng.index(n + 1), f);
             }
             7 if n > 1 => {
-                let (i, j) = (rng.below(n), rng.below(n));
+                let (i, j) = (rng.index(n), rng.index(n));
                 d.fields.swap(i, j);
             }
             8 => {
-                let at = rng.below(n + 1);
+                let at = rng.index(n + 1);
                 d.fields
                     .insert(at, Field::Unsigned(interesting(rng, now, 0)));
             }
             _ => {
                 // Another encoding version (0 to 3).
-                d.module_id = (d.module_id & !0x3ff) | rng.below(4) as u64;
+                d.module_id = (d.module_id & !0x3ff) | rng.index(4) as u64;
             }
         }
     }
     let mut payload = d.payload();
     // Now and then a raw byte changes too (the checksum is recomputed, so the server's own
     // format checks and the module's see it).
-    if rng.below(8) == 0 {
+    if rng.index(8) == 0 {
         let body = payload.len() - 10;
-        let at = rng.below(body);
-        payload[at] ^= 1 << rng.below(8);
+        let at = rng.index(body);
+        payload[at] ^= 1 << rng.index(8);
         payload = reseal(payload);
     }
     payload
@@ -427,12 +411,7 @@ fn an_aof_with_lock_sync_states_that_break_invariants_loads_without_them() {
     int(&mut c, &["LOCK.ACQUIRE", "current", "me", "600000"]);
     server.signal("KILL");
     wait_until("the server is dead", || !server.alive());
-    let dir = server.dir.join("appendonlydir");
-    let incr = std::fs::read_dir(&dir)
-        .expect("appendonlydir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
-        .expect("an incr AOF file");
+    let incr = server.incr_aof();
     let soon = now_ms() + 600_000;
     let far = format!("1 write {} 7 7 9", i64::MAX);
     let reader = format!("1 read {soon} 8 8 9");

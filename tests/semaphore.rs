@@ -23,21 +23,6 @@ fn stress_seconds() -> u64 {
         .unwrap_or(10)
 }
 
-/// A small deterministic PRNG (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn refs(words: &[String]) -> Vec<&str> {
     words.iter().map(String::as_str).collect()
 }

@@ -28,21 +28,6 @@ use redis_lock_testkit::*;
 const KEYS: usize = 4;
 const WORKERS: usize = 12;
 
-/// A small deterministic PRNG (xorshift64*), seeded per worker.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 #[derive(Clone, Debug)]
 struct Hold {
     key: usize,

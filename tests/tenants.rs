@@ -62,21 +62,10 @@ fn token(handle: JoinHandle<redis::RedisResult<Value>>) -> i64 {
 
 /// LOCK.QUEUES rows as (key, db, waiting).
 fn queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64)> {
-    let mut words = vec!["LOCK.QUEUES"];
-    words.extend_from_slice(args);
-    match query(c, &words).expect("LOCK.QUEUES") {
-        Value::Array(rows) => rows
-            .iter()
-            .map(|r| match r {
-                Value::Array(p) => match &p[..] {
-                    [k, Value::Int(db), Value::Int(n), Value::Int(_)] => (value_text(k), *db, *n),
-                    other => panic!("row {other:?}"),
-                },
-                other => panic!("row {other:?}"),
-            })
-            .collect(),
-        other => panic!("LOCK.QUEUES reply {other:?}"),
-    }
+    lock_queues(c, args)
+        .into_iter()
+        .map(|(key, db, waiting, _)| (key, db, waiting))
+        .collect()
 }
 
 #[test]

@@ -156,3 +156,24 @@ pub fn next_events(pubsub: &mut redis::PubSub<'_>, n: usize) -> Vec<(String, Str
         })
         .collect()
 }
+
+/// `LOCK.QUEUES [args]` rows as (key, db, waiting, oldest wait ms).
+pub fn lock_queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64, i64)> {
+    let mut words = vec!["LOCK.QUEUES"];
+    words.extend_from_slice(args);
+    match query(c, &words).expect("LOCK.QUEUES") {
+        Value::Array(rows) => rows
+            .iter()
+            .map(|r| match r {
+                Value::Array(p) => match &p[..] {
+                    [k, Value::Int(db), Value::Int(n), Value::Int(age)] => {
+                        (value_text(k), *db, *n, *age)
+                    }
+                    other => panic!("row {other:?}"),
+                },
+                other => panic!("row {other:?}"),
+            })
+            .collect(),
+        other => panic!("LOCK.QUEUES reply {other:?}"),
+    }
+}

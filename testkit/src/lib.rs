@@ -36,6 +36,29 @@ pub const PATIENCE: Duration = Duration::from_secs(10);
 /// Lower bounds on "not before" times subtract it.
 pub const CLOCK_MARGIN: Duration = Duration::from_millis(2);
 
+/// A small deterministic generator (xorshift64*) for the randomized tests, so a failure can be
+/// replayed from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// An index below `len` (0 when `len` is 0).
+    pub fn index(&mut self, len: usize) -> usize {
+        (self.next() % len.max(1) as u64) as usize
+    }
+}
+
 /// Polls `cond` until it holds, failing after [`PATIENCE`].
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;

@@ -327,6 +327,16 @@ impl Server {
         c
     }
 
+    /// The AOF file that receives new writes (the multi-part AOF of Redis 7 and Valkey 8).
+    pub fn incr_aof(&self) -> PathBuf {
+        let dir = self.dir.join("appendonlydir");
+        std::fs::read_dir(&dir)
+            .expect("appendonlydir")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+            .expect("an incr AOF file")
+    }
+
     /// Is the process still running?
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
