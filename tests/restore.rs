@@ -124,8 +124,8 @@ fn interesting(rng: &mut Rng, now: u64, current: u64) -> u64 {
         current.wrapping_add(1),
         current.wrapping_sub(1),
         current.wrapping_mul(2),
-        rng.next(),
-        rng.next() >> 32,
+        rng.next_u64(),
+        rng.next_u64() >> 32,
     ];
     table[rng.index(table.len())]
 }

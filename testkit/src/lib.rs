@@ -41,7 +41,7 @@ pub const CLOCK_MARGIN: Duration = Duration::from_millis(2);
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -50,12 +50,12 @@ impl Rng {
 
     /// A number below `n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.next_u64() % n.max(1)
     }
 
     /// An index below `len` (0 when `len` is 0).
     pub fn index(&mut self, len: usize) -> usize {
-        (self.next() % len.max(1) as u64) as usize
+        (self.next_u64() % len.max(1) as u64) as usize
     }
 }
 
