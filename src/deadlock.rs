@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use redis_lock_core::{check_request, Lock, Mode, Verdict, WaitGraph, WaiterId};
+use redis_lock_core::{check_request, Listing, Lock, Mode, Verdict, WaitGraph, WaiterId};
 use redis_module::Context;
 
 use crate::keys::LockKey;
@@ -56,17 +56,12 @@ impl Graph<'_> {
 impl WaitGraph for Graph<'_> {
     type Key = DbKey;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<DbKey> {
-        let keys = contention::held_keys(owner, max);
-        keys.into_iter().filter(|k| self.in_reach(k)).collect()
+    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<DbKey> {
+        contention::held_keys(owner, max, |k| self.in_reach(k))
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(DbKey, WaiterId)> {
-        let queued = waiters::queued_of(owner, max);
-        queued
-            .into_iter()
-            .filter(|(k, _)| self.in_reach(k))
-            .collect()
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(DbKey, WaiterId)> {
+        waiters::queued_of(owner, max, |k| self.in_reach(k))
     }
 
     fn with_lock<R>(&mut self, key: &DbKey, f: impl FnOnce(&Lock) -> R) -> Option<R> {
