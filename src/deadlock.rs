@@ -13,6 +13,9 @@
 //! (the requested key itself, which the command already names, is in reach). A key out of
 //! reach is as if it held nothing and nobody waited there, so a cycle through it is not
 //! found, and the reply (refused or not, and the error's fixed text) tells nothing about it.
+//! The indexes are filtered as they are walked, and every entry walked counts against the
+//! budget, kept or not: an owner whose first entries are out of reach is not taken for one
+//! that holds or waits for nothing, and a walk stopped by the budget is a cut.
 //!
 //! Bounded cost (SPEC.md, "Bounded cost"): a check makes at most `lock.deadlock-budget`
 //! visits; one that runs out lets the request wait as if no cycle were found, counted in

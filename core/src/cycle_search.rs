@@ -348,8 +348,9 @@ const PEEK: usize = 16;
 /// within `visits` (see the module documentation). Also returns how many visits the check
 /// made.
 ///
-/// First a peek forwards: when the request has at most [`PEEK`] blockers and none of them has
-/// a request queued anywhere, no path leaves them and nothing closes, whatever waits for the
+/// First a peek forwards: when the request has at most [`PEEK`] blockers, at most [`PEEK`]
+/// requests are queued on its key, and none of the blockers has a request queued anywhere (in
+/// reach or not: the peek looks at one entry of each), no path leaves them and nothing closes, whatever waits for the
 /// requester (a chain of locks built in order is the common case: each new link's blocker is
 /// the next holder, which waits for nothing yet, while backwards the whole chain behind it
 /// waits for the new link). The peek's looks are visits too.
