@@ -15,7 +15,7 @@
 //! Beside the owners it keeps each such key's fence, for LOCK.INFO to show while the key
 //! cannot be read (a TTL that passed during a client pause).
 
-use redis_lock_core::Lock;
+use redis_lock_core::{Listing, Lock};
 
 use crate::state::{with_contended, DbKey};
 
@@ -123,13 +123,12 @@ pub fn holds_contended(owner: &[u8]) -> bool {
     with_contended(|c| c.by_owner.contains_key(owner))
 }
 
-/// Up to `max` of the keys with waiters that `owner` holds (as far as the index knows: a key
-/// listed may since hold nothing of it).
-pub fn held_keys(owner: &[u8], max: usize) -> Vec<DbKey> {
-    with_contended(|c| {
-        c.by_owner
-            .get(owner)
-            .map(|keys| keys.iter().take(max).cloned().collect())
-            .unwrap_or_default()
+/// The keys with waiters that `owner` holds (as far as the index knows: a key listed may
+/// since hold nothing of it) for which `keep` says yes, among the first `max` the index has;
+/// with how many were looked at.
+pub fn held_keys(owner: &[u8], max: usize, keep: impl FnMut(&DbKey) -> bool) -> Listing<DbKey> {
+    with_contended(|c| match c.by_owner.get(owner) {
+        Some(keys) => Listing::walk(keys.iter().cloned(), max, keep),
+        None => Listing::walk(Vec::new(), max, keep),
     })
 }

@@ -13,6 +13,9 @@
 //! (the requested key itself, which the command already names, is in reach). A key out of
 //! reach is as if it held nothing and nobody waited there, so a cycle through it is not
 //! found, and the reply (refused or not, and the error's fixed text) tells nothing about it.
+//! The indexes are filtered as they are walked, and every entry walked counts against the
+//! budget, kept or not: an owner whose first entries are out of reach is not taken for one
+//! that holds or waits for nothing, and a walk stopped by the budget is a cut.
 //!
 //! Bounded cost (SPEC.md, "Bounded cost"): a check makes at most `lock.deadlock-budget`
 //! visits; one that runs out lets the request wait as if no cycle were found, counted in
@@ -20,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use redis_lock_core::{check_request, Lock, Mode, Verdict, WaitGraph, WaiterId};
+use redis_lock_core::{check_request, Listing, Lock, Mode, Verdict, WaitGraph, WaiterId};
 use redis_module::Context;
 
 use crate::keys::LockKey;
@@ -56,17 +59,12 @@ impl Graph<'_> {
 impl WaitGraph for Graph<'_> {
     type Key = DbKey;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<DbKey> {
-        let keys = contention::held_keys(owner, max);
-        keys.into_iter().filter(|k| self.in_reach(k)).collect()
+    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<DbKey> {
+        contention::held_keys(owner, max, |k| self.in_reach(k))
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(DbKey, WaiterId)> {
-        let queued = waiters::queued_of(owner, max);
-        queued
-            .into_iter()
-            .filter(|(k, _)| self.in_reach(k))
-            .collect()
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(DbKey, WaiterId)> {
+        waiters::queued_of(owner, max, |k| self.in_reach(k))
     }
 
     fn with_lock<R>(&mut self, key: &DbKey, f: impl FnOnce(&Lock) -> R) -> Option<R> {

@@ -10,7 +10,7 @@
 use std::cmp::Reverse;
 use std::ops::Bound;
 
-use redis_lock_core::{Waiter, WaiterId};
+use redis_lock_core::{Listing, Waiter, WaiterId};
 
 use crate::state::{self, with_waiters, WaitState};
 use crate::stats;
@@ -214,20 +214,31 @@ pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
     })
 }
 
-/// Up to `max` of the lock requests `owner` has queued, on any key of any database.
-pub fn queued_of(owner: &[u8], max: usize) -> Vec<(state::DbKey, WaiterId)> {
+/// The lock requests `owner` has queued, on any key of any database, for which `keep` says
+/// yes, among the first `max` entries of its index; with how many were looked at (an entry
+/// no longer queued counts as looked at too).
+pub fn queued_of(
+    owner: &[u8],
+    max: usize,
+    mut keep: impl FnMut(&state::DbKey) -> bool,
+) -> Listing<(state::DbKey, WaiterId)> {
     with_waiters(|r| {
         let Some(ids) = r.by_owner.get(owner) else {
-            return Vec::new();
+            return Listing::walk(Vec::new(), max, |_| false);
         };
-        ids.iter()
-            .take(max)
-            .filter_map(|id| {
+        let listing = Listing::walk(
+            ids.iter().map(|id| {
                 r.entries
                     .get(id)
                     .filter(|e| e.state == WaitState::Queued)
                     .map(|e| ((e.db, e.key.clone()), *id))
-            })
-            .collect()
+            }),
+            max,
+            |entry| entry.as_ref().is_some_and(|(key, _)| keep(key)),
+        );
+        Listing {
+            items: listing.items.into_iter().flatten().collect(),
+            walked: listing.walked,
+        }
     })
 }

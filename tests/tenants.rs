@@ -568,3 +568,136 @@ fn a_user_with_every_key_gets_every_row() {
     assert_eq!(distinct.len(), n);
     drop(conns);
 }
+
+/// Alice's own two-owner cycle (a holds tenantA:1; "b-W" holds tenantA:2 and waits for
+/// tenantA:1; a asks for tenantA:2) is refused whether or not bob's owner "b-W" has an older
+/// request queued on a tenantB key, which alice may not read: an owner whose first queued
+/// request is out of reach is not taken for one that waits for nothing (which hid the cycle,
+/// and told alice that b-W waits somewhere in bob's keys). No check is cut.
+#[test]
+fn an_out_of_reach_queued_request_does_not_hide_a_cycle_within_reach() {
+    let server = Server::start();
+    let mut admin = server.client();
+    add_tenants(&mut admin);
+    let mut alice = login(&server, "alice");
+    let mut bob = login(&server, "bob");
+    let mut waiters = Vec::new();
+    for (round, bob_waits) in [(0, false), (1, true)] {
+        let bw = format!("b-W-{round}");
+        let k1 = format!("tenantA:1-{round}");
+        let k2 = format!("tenantA:2-{round}");
+        if bob_waits {
+            let kb = format!("tenantB:k-{round}");
+            int(&mut bob, &["LOCK.ACQUIRE", &kb, "b-H", LONG]);
+            waiters.push(queue_as(
+                &server,
+                &mut admin,
+                "bob",
+                &["LOCK.ACQUIRE", &kb, &bw, LONG, "WAIT", "0"],
+                1,
+            ));
+        }
+        int(&mut alice, &["LOCK.ACQUIRE", &k1, "a", LONG]);
+        int(&mut alice, &["LOCK.ACQUIRE", &k2, &bw, LONG]);
+        waiters.push(queue_as(
+            &server,
+            &mut admin,
+            "alice",
+            &["LOCK.ACQUIRE", &k1, &bw, LONG, "WAIT", "0"],
+            1,
+        ));
+        // WAIT 300 rather than 0: were the cycle missed, the request would time out.
+        let verdict = query(&mut alice, &["LOCK.ACQUIRE", &k2, "a", LONG, "WAIT", "300"]);
+        match verdict {
+            Err(e) => assert!(
+                e.to_string().contains("DEADLOCK"),
+                "round {round} (bob waits: {bob_waits}): {e}"
+            ),
+            Ok(v) => panic!("round {round} (bob waits: {bob_waits}): not refused: {v:?}"),
+        }
+    }
+    assert_eq!(info_field(&mut admin, "deadlocks_total"), 2);
+    assert_eq!(info_field(&mut admin, "deadlock_checks_cut_total"), 0);
+    // The waiters stay blocked until the server stops.
+    drop(waiters);
+}
+
+/// The same through the keys an owner holds: bob's owner "b-W" holds 30 tenantB keys that
+/// have waiters (out of carol's reach, and listed before her keys, which sort after them) and
+/// carol's tenantC:h, where c waits; c holds tenantC:r; b-W waits for a on tenantC:w; a asking
+/// for tenantC:r closes a -> c -> b-W -> a. With `lock.deadlock-budget` 20, the 30 keys left
+/// out are visits too: the check is cut and counted (it used to answer "no cycle", uncounted,
+/// with the keys filtered out after the listing's limit). With the default it is refused.
+#[test]
+fn out_of_reach_held_keys_are_charged_and_cut_the_check() {
+    let server = Server::start();
+    let mut admin = server.client();
+    add_tenants(&mut admin);
+    query(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "carol",
+            "on",
+            ">pw",
+            "~tenantC:*",
+            "+@all",
+        ],
+    )
+    .expect("ACL SETUSER");
+    let mut bob = login(&server, "bob");
+    let mut carol = login(&server, "carol");
+    let n = 30;
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let key = format!("tenantB:{i:02}");
+        int(&mut bob, &["LOCK.ACQUIRE", &key, "b-W", LONG]);
+        waiters.push(queue_as(
+            &server,
+            &mut admin,
+            "bob",
+            &["LOCK.ACQUIRE", &key, &format!("b-x{i}"), LONG, "WAIT", "0"],
+            1,
+        ));
+    }
+    int(&mut carol, &["LOCK.ACQUIRE", "tenantC:h", "b-W", LONG]);
+    int(&mut carol, &["LOCK.ACQUIRE", "tenantC:r", "c", LONG]);
+    int(&mut carol, &["LOCK.ACQUIRE", "tenantC:w", "a", LONG]);
+    waiters.push(queue_as(
+        &server,
+        &mut admin,
+        "carol",
+        &["LOCK.ACQUIRE", "tenantC:h", "c", LONG, "WAIT", "0"],
+        1,
+    ));
+    waiters.push(queue_as(
+        &server,
+        &mut admin,
+        "carol",
+        &["LOCK.ACQUIRE", "tenantC:w", "b-W", LONG, "WAIT", "0"],
+        1,
+    ));
+    let default_budget =
+        value_texts(&query(&mut admin, &["CONFIG", "GET", "lock.deadlock-budget"]).unwrap());
+    query(&mut admin, &["CONFIG", "SET", "lock.deadlock-budget", "20"]).unwrap();
+    assert!(is_nil(
+        &mut carol,
+        &["LOCK.ACQUIRE", "tenantC:r", "a", LONG, "WAIT", "200"]
+    ));
+    assert_eq!(info_field(&mut admin, "deadlock_checks_cut_total"), 1);
+    assert_eq!(info_field(&mut admin, "deadlocks_total"), 0);
+    query(
+        &mut admin,
+        &["CONFIG", "SET", "lock.deadlock-budget", &default_budget[1]],
+    )
+    .unwrap();
+    let e = err(
+        &mut carol,
+        &["LOCK.ACQUIRE", "tenantC:r", "a", LONG, "WAIT", "0"],
+    );
+    assert!(e.starts_with("DEADLOCK"), "{e}");
+    assert_eq!(info_field(&mut admin, "deadlock_checks_cut_total"), 1);
+    // The waiters stay blocked until the server stops.
+    drop(waiters);
+}

@@ -46,21 +46,57 @@ use super::{Lock, Mode, WaiterId};
 /// What the search needs from the server: the keys and queued requests of an owner, within
 /// the requester's reach (the Redis side leaves out keys the requesting user may not read),
 /// and each key's lock.
+///
+/// The two listings walk an index and keep what is in reach *as they walk*: they look at no
+/// more than `max` entries of the index, in reach or not, and say how many they looked at
+/// ([`Listing::walked`]). The search charges its budget by that count, so that entries left
+/// out cost visits too (a check cannot make unbounded uncharged reach tests), and a listing
+/// that stopped at its limit ends the check as cut (the walk's remaining entries could hold
+/// an in-reach key). Filtering only after taking `max` entries would instead make an owner
+/// whose first entries are out of reach look as if it held or waited for nothing.
 pub trait WaitGraph {
     /// A key of the server (database and name on the Redis side).
     type Key: Clone + Eq + Hash;
 
-    /// Up to `max` keys that `owner` holds and that may have waiters (a superset is fine:
-    /// a key where it holds nothing or nobody waits gives nothing).
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<Self::Key>;
+    /// The keys that `owner` holds and that may have waiters (a superset is fine: a key
+    /// where it holds nothing or nobody waits gives nothing), among the first `max` entries
+    /// of the index.
+    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<Self::Key>;
 
-    /// Up to `max` of the lock requests `owner` has queued (semaphore requests may be left
-    /// out: they wait for nobody): each key and waiter id.
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(Self::Key, WaiterId)>;
+    /// The lock requests `owner` has queued (semaphore requests may be left out: they wait
+    /// for nobody), each key and waiter id, among the first `max` entries of the index.
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(Self::Key, WaiterId)>;
 
     /// Runs `f` on the lock stored at `key`; `None` when there is none (gone, another type,
     /// out of reach).
     fn with_lock<R>(&mut self, key: &Self::Key, f: impl FnOnce(&Lock) -> R) -> Option<R>;
+}
+
+/// One listing of a [`WaitGraph`] index: the entries kept (in reach), and how many entries
+/// of the index were looked at to find them (kept or not; at most the listing's `max`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listing<T> {
+    pub items: Vec<T>,
+    pub walked: usize,
+}
+
+impl<T> Listing<T> {
+    /// Walks `entries`, looking at no more than `max` of them, and keeps those `keep` says.
+    pub fn walk(
+        entries: impl IntoIterator<Item = T>,
+        max: usize,
+        mut keep: impl FnMut(&T) -> bool,
+    ) -> Self {
+        let mut items = Vec::new();
+        let mut walked = 0;
+        for entry in entries.into_iter().take(max) {
+            walked += 1;
+            if keep(&entry) {
+                items.push(entry);
+            }
+        }
+        Listing { items, walked }
+    }
 }
 
 /// The answer of a bounded check.
@@ -256,10 +292,10 @@ impl<G: WaitGraph> Search<'_, G> {
         out: &mut Vec<Box<[u8]>>,
     ) -> Result<(), OutOfBudget> {
         let held = self.graph.held_by(owner, self.budget.listing_max());
-        if !self.budget.spend_n(held.len()) {
+        if !self.budget.spend_n(held.walked) {
             return Err(OutOfBudget);
         }
-        for key in held {
+        for key in held.items {
             let marks = self.marks.entry(key.clone()).or_default();
             let budget = &mut self.budget;
             self.graph
@@ -283,17 +319,18 @@ impl<G: WaitGraph> Search<'_, G> {
         Ok(())
     }
 
-    /// Up to `max` of the queued requests of `owner`; the look is a visit, and so is each
-    /// request.
+    /// The queued requests of `owner` in reach among the first `max` of the index, and how
+    /// many were walked; the look is a visit, and so is each request walked, in reach or
+    /// not. Runs out of budget when the listing stopped at the budget's limit.
     fn queued_of(
         &mut self,
         owner: &[u8],
         max: usize,
-    ) -> Result<Vec<(G::Key, WaiterId)>, OutOfBudget> {
+    ) -> Result<Listing<(G::Key, WaiterId)>, OutOfBudget> {
         let queued = self
             .graph
             .queued_by(owner, self.budget.listing_max().min(max));
-        if self.budget.spend_n(queued.len().saturating_add(1)) {
+        if self.budget.spend_n(queued.walked.saturating_add(1)) {
             Ok(queued)
         } else {
             Err(OutOfBudget)
@@ -311,8 +348,9 @@ const PEEK: usize = 16;
 /// within `visits` (see the module documentation). Also returns how many visits the check
 /// made.
 ///
-/// First a peek forwards: when the request has at most [`PEEK`] blockers and none of them has
-/// a request queued anywhere, no path leaves them and nothing closes, whatever waits for the
+/// First a peek forwards: when the request has at most [`PEEK`] blockers, at most [`PEEK`]
+/// requests are queued on its key, and none of the blockers has a request queued anywhere (in
+/// reach or not: the peek looks at one entry of each), no path leaves them and nothing closes, whatever waits for the
 /// requester (a chain of locks built in order is the common case: each new link's blocker is
 /// the next holder, which waits for nothing yet, while backwards the whole chain behind it
 /// waits for the new link). The peek's looks are visits too.
@@ -350,7 +388,12 @@ fn few_blockers(lock: &Lock, requester: &[u8], mode: Mode) -> Option<Vec<Box<[u8
             }
         }
     }
-    // Queued waiters ahead are blockers that wait: the peek cannot conclude.
+    // Queued waiters ahead are blockers that wait: the peek cannot conclude. Nor can it on a
+    // queue longer than the peek's own allowance: looking through it would be visits the
+    // budget does not see.
+    if lock.queue().len() > PEEK {
+        return None;
+    }
     if lock
         .queue()
         .iter()
@@ -372,9 +415,12 @@ fn run<G: WaitGraph>(
         return Ok(Verdict::NoCycle);
     }
     if let Some(blockers) = few_blockers(lock, requester, mode) {
+        // A blocker with any queued request, in reach or not, stops the peek: one whose
+        // first request is out of reach may have others in reach, and the peek looks at one
+        // only (nor may the answer depend on whether it waits out of reach).
         let mut any_waits = false;
         for owner in blockers {
-            if !search.queued_of(&owner, 1)?.is_empty() {
+            if search.queued_of(&owner, 1)?.walked > 0 {
                 any_waits = true;
                 break;
             }
@@ -386,7 +432,7 @@ fn run<G: WaitGraph>(
     // The owners whose queued requests wait for the requester on a key it holds: a cycle
     // closes exactly when one of the request's blockers reaches one of them.
     let mut start = Vec::new();
-    let own_queued = search.queued_of(requester, usize::MAX)?;
+    let own_queued = search.queued_of(requester, usize::MAX)?.items;
     search.predecessors(requester, &own_queued, true, &mut start)?;
     if start.is_empty() {
         return Ok(Verdict::NoCycle);
@@ -406,7 +452,7 @@ fn run<G: WaitGraph>(
         if !search.budget.spend() {
             return Err(OutOfBudget);
         }
-        let queued = search.queued_of(&owner, usize::MAX)?;
+        let queued = search.queued_of(&owner, usize::MAX)?.items;
         if *owner != *requester && is_blocker(lock, &owner, &queued, mode, key) {
             return Ok(Verdict::Cycle);
         }

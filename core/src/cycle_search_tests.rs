@@ -11,6 +11,8 @@ struct Keys {
     fences: FenceCounter,
     next_id: u64,
     held_lookups: usize,
+    /// Keys out of the requester's reach: listed by the index (and charged), never kept.
+    hidden: HashSet<usize>,
 }
 
 impl Keys {
@@ -20,6 +22,7 @@ impl Keys {
             fences: FenceCounter::default(),
             next_id: 1,
             held_lookups: 0,
+            hidden: HashSet::new(),
         }
     }
 
@@ -62,6 +65,7 @@ impl Keys {
             fences: self.fences,
             next_id: self.next_id,
             held_lookups: 0,
+            hidden: self.hidden.clone(),
         }
     }
 }
@@ -69,17 +73,15 @@ impl Keys {
 impl WaitGraph for Keys {
     type Key = usize;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<usize> {
+    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<usize> {
         self.held_lookups += 1;
-        (0..self.locks.len())
-            .filter(|k| {
-                !self.locks[*k].queue().is_empty() && self.locks[*k].holders().get(owner).is_some()
-            })
-            .take(max)
-            .collect()
+        let held = (0..self.locks.len()).filter(|k| {
+            !self.locks[*k].queue().is_empty() && self.locks[*k].holders().get(owner).is_some()
+        });
+        Listing::walk(held, max, |k| !self.hidden.contains(k))
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(usize, WaiterId)> {
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(usize, WaiterId)> {
         let mut out = Vec::new();
         for (k, lock) in self.locks.iter().enumerate() {
             for (id, w) in lock.queue().iter() {
@@ -88,11 +90,13 @@ impl WaitGraph for Keys {
                 }
             }
         }
-        out.truncate(max);
-        out
+        Listing::walk(out, max, |(k, _)| !self.hidden.contains(k))
     }
 
     fn with_lock<R>(&mut self, key: &usize, f: impl FnOnce(&Lock) -> R) -> Option<R> {
+        if self.hidden.contains(key) {
+            return None;
+        }
         self.locks.get(*key).map(f)
     }
 }
@@ -245,4 +249,96 @@ fn a_chain_built_in_order_costs_each_link_a_peek() {
         assert!(used <= 2, "link {i}: {used} visits");
         keys.queue(&owner, i + 1, W);
     }
+}
+
+/// A two-owner cycle within reach: `a` holds key 1, `bw` holds key 2 and waits for key 1, `a`
+/// asks for key 2. When `bw`'s oldest queued request is on a key out of reach (key 0), the
+/// peek (which looks at one request of each blocker) must not take `bw` for an owner that
+/// waits for nothing: the cycle is found all the same, at a small budget.
+#[test]
+fn an_out_of_reach_first_request_does_not_hide_a_cycle() {
+    let verdict = |bw_waits_out_of_reach: bool| {
+        let mut keys = Keys::new(3);
+        keys.hidden.insert(0);
+        if bw_waits_out_of_reach {
+            keys.hold("bh", 0, W);
+            keys.queue("bw", 0, W);
+        }
+        keys.hold("a", 1, W);
+        keys.hold("bw", 2, W);
+        keys.queue("bw", 1, W);
+        check_request(&mut keys.clone_graph(), b"a", W, &2, &keys.locks[2], 500)
+    };
+    assert_eq!(verdict(false).0, Verdict::Cycle);
+    assert_eq!(verdict(true).0, Verdict::Cycle);
+}
+
+/// The index entries left out because they are out of reach cost visits, and a listing cut
+/// short by the budget ends the check as cut, never as "no cycle": `bw` holds 30 contended
+/// keys out of reach (listed first) and key 31, where `c` waits; `c` holds key 33, which `a`
+/// asks for; `bw` waits for `a` on key 32. At budget 20 the check is cut; with room, the
+/// cycle is found, and the visits include the 30 entries left out.
+#[test]
+fn out_of_reach_entries_are_charged_and_a_short_listing_is_a_cut() {
+    let n = 30;
+    let mut keys = Keys::new(n + 4);
+    for k in 0..n {
+        keys.hidden.insert(k);
+        keys.hold("bw", k, W);
+        keys.queue(&format!("x{k}"), k, W);
+    }
+    let (held, wanted, requested) = (n + 1, n + 2, n + 3);
+    keys.hold("bw", held, W);
+    keys.hold("a", wanted, W);
+    keys.hold("c", requested, W);
+    keys.queue("c", held, W);
+    keys.queue("bw", wanted, W);
+    let check = |budget: usize| {
+        check_request(
+            &mut keys.clone_graph(),
+            b"a",
+            W,
+            &requested,
+            &keys.locks[requested],
+            budget,
+        )
+    };
+    let (verdict, used) = check(20);
+    assert_eq!(verdict, Verdict::Cut);
+    assert!(used <= 20, "{used} visits");
+    let (verdict, used) = check(usize::MAX);
+    assert_eq!(verdict, Verdict::Cycle);
+    assert!(used > n, "{used} visits");
+    assert_eq!(check(used).0, Verdict::Cycle);
+    assert_eq!(check(used - 1).0, Verdict::Cut);
+}
+
+/// A listing that walks only out-of-reach entries and stops at the budget's limit is a cut:
+/// `a`'s blocker `c` has 40 queued requests out of reach before its in-reach one.
+#[test]
+fn a_queue_listing_stopped_at_the_limit_is_a_cut() {
+    let n = 40;
+    let mut keys = Keys::new(n + 3);
+    for k in 0..n {
+        keys.hidden.insert(k);
+        keys.hold(&format!("h{k}"), k, W);
+        keys.queue("c", k, W);
+    }
+    let (own, requested) = (n + 1, n + 2);
+    keys.hold("a", own, W);
+    keys.hold("c", requested, W);
+    keys.queue("c", own, W);
+    let check = |budget: usize| {
+        check_request(
+            &mut keys.clone_graph(),
+            b"a",
+            W,
+            &requested,
+            &keys.locks[requested],
+            budget,
+        )
+        .0
+    };
+    assert_eq!(check(usize::MAX), Verdict::Cycle);
+    assert_eq!(check(20), Verdict::Cut);
 }

@@ -151,14 +151,14 @@ impl System {
 impl crate::WaitGraph for System {
     type Key = usize;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Vec<usize> {
-        (0..self.locks.len())
+    fn held_by(&mut self, owner: &[u8], max: usize) -> crate::Listing<usize> {
+        let held: Vec<usize> = (0..self.locks.len())
             .filter(|k| self.locks[*k].holders().get(owner).is_some())
-            .take(max)
-            .collect()
+            .collect();
+        crate::Listing::walk(held, max, |_| true)
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Vec<(usize, WaiterId)> {
+    fn queued_by(&mut self, owner: &[u8], max: usize) -> crate::Listing<(usize, WaiterId)> {
         let mut out = Vec::new();
         for (k, lock) in self.locks.iter().enumerate() {
             for (id, w) in lock.queue().iter() {
@@ -167,8 +167,7 @@ impl crate::WaitGraph for System {
                 }
             }
         }
-        out.truncate(max);
-        out
+        crate::Listing::walk(out, max, |_| true)
     }
 
     fn with_lock<R>(&mut self, key: &usize, f: impl FnOnce(&Lock) -> R) -> Option<R> {

@@ -31,7 +31,7 @@ pub mod reference;
 #[cfg(test)]
 mod tests;
 
-pub use cycle_search::{check_request, Verdict, WaitGraph};
+pub use cycle_search::{check_request, Listing, Verdict, WaitGraph};
 pub use deadlock::{closes_cycle, Blocker, WaitView};
 pub use holders::{Holder, HolderSet, PackedOptions, INLINE_OWNER};
 pub use queue::{WaitQueue, Waiter};
