@@ -34,6 +34,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port for a cluster node: at most 55535, since the node also listens on its port
+    plus 10000 (the cluster bus), and that one free too. Free ports come from the kernel's
+    ephemeral range, which reaches 60999, so about one in five would not do."""
+    for _ in range(200):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port at or under 55535 with a free cluster bus port")
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> Any:
     """Polls ``cond`` until it returns something true; fails after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -63,7 +80,7 @@ class Server:
 
     def start(self) -> None:
         for attempt in range(5):
-            self.port = free_port()
+            self.port = free_cluster_port() if self.cluster else free_port()
             args = [
                 SERVER,
                 "--port", str(self.port),

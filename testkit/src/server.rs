@@ -64,6 +64,19 @@ pub(crate) fn fresh_temp_dir(prefix: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// A free port for a cluster node: at most 55535, since the node also listens on its port plus
+/// 10000 (the cluster bus), and that one free too. Free ports come from the kernel's ephemeral
+/// range, which reaches 60999, so about one in five would not do.
+pub(crate) fn free_cluster_port() -> Result<u16, String> {
+    for _ in 0..200 {
+        let port = free_port()?;
+        if port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port at or under 55535 with a free cluster bus port".into())
+}
+
 pub(crate) fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -173,7 +186,12 @@ impl ServerBuilder {
         std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir {}: {e}", dir.display()))?;
         let mut last = String::new();
         for _attempt in 0..5 {
-            let port = match free_port() {
+            let cluster = self.args.iter().any(|a| a == "--cluster-enabled");
+            let port = match if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            } {
                 Ok(port) => port,
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&dir);
