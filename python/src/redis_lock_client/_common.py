@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
@@ -494,3 +495,26 @@ def key_moved(err: BaseException) -> Optional[KeyMoved]:
     if isinstance(err, TryAgainError):
         return KeyMoved(None, False)
     return None
+
+
+def follows_moves(redis: Any) -> bool:
+    """Can this client send a request to a node of its choosing (a ``RedisCluster``)?"""
+    return getattr(redis, "get_node_from_key", None) is not None
+
+
+def move_to_follow(err: BaseException, attempt: int, redis: Any) -> Optional[KeyMoved]:
+    """The move a waiting request follows after ``err`` on its ``attempt``-th try, or None
+    when ``err`` is to be raised: not a move, moves used up, or a client that cannot follow."""
+    moved = key_moved(getattr(err, "__cause__", None) or err)
+    if moved is None or attempt == MAX_KEY_MOVES or not follows_moves(redis):
+        return None
+    return moved
+
+
+def wait_left(wait: Optional[float], started: float) -> Tuple[Optional[float], Optional[int]]:
+    """What is left of a wait of ``wait`` seconds begun at ``started`` (monotonic), and the
+    WAIT argument for it: None without a wait, 0 for no limit (``math.inf``), else ms."""
+    if wait is None:
+        return None, None
+    remaining = wait - (time.monotonic() - started)
+    return remaining, (0 if remaining == math.inf else wait_ms(remaining))

@@ -60,14 +60,15 @@ from ._common import (
     encode_token,
     grant_token,
     is_notowner,
-    key_moved,
+    follows_moves,
+    move_to_follow,
     make_error,
     map_response_error,
     new_token,
     parse_info,
     release_args,
     ttl_ms,
-    wait_ms,
+    wait_left,
 )
 
 logger = logging.getLogger(__name__)
@@ -521,30 +522,26 @@ class Lock:
         connection, source)."""
         moved = None
         for attempt in range(MAX_KEY_MOVES + 1):
-            remaining = None if wait is None else wait - (time.monotonic() - started)
+            remaining, w = wait_left(wait, started)
             source = self._source_for(moved)
             conn = _take(source)
             if remaining is not None and remaining <= 0:
                 return None, conn, source  # the wait was spent before the key was found
-            w = None if remaining is None else (0 if remaining == math.inf else wait_ms(remaining))
             try:
                 if moved is not None and moved.asking:
                     await self._send(conn, source, ["ASKING"], None, owner)
                 reply = await self._send(conn, source, req.args(self.name, owner, w), remaining, owner)
                 return reply, conn, source
             except ResponseError as e:
-                moved = key_moved(getattr(e, "__cause__", None) or e)
-                if moved is None or attempt == MAX_KEY_MOVES or not self._follows_moves():
+                moved = move_to_follow(e, attempt, self.redis)
+                if moved is None:
                     raise
         raise AssertionError("unreachable")
-
-    def _follows_moves(self) -> bool:
-        return getattr(self.redis, "get_node_from_key", None) is not None
 
     def _source_for(self, moved: Any) -> Any:
         """The node (or pool) the request goes to: the key's by the slot map, or the one an
         ``ASK`` / ``MOVED`` named."""
-        if moved is None or moved.address is None or not self._follows_moves():
+        if moved is None or moved.address is None or not follows_moves(self.redis):
             return _source_of(self.redis, self.name)
         host, port = moved.address
         node = self.redis.get_node(host=host, port=port)
