@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, ConnectionAddr, Value};
 
-use crate::instance::{exchange, scatter_gather, Instance, Wire};
-use crate::{Outcome, Servers};
+use super::instance::{exchange, scatter_gather, Instance, Wire};
+use super::servers::Servers;
+use crate::Outcome;
 
 /// The `CLIENT SETNAME` of every bound connection (so `CLIENT LIST` tells them apart).
 pub const BOUND_CLIENT_NAME: &str = "redis-lock:bound";
@@ -418,10 +419,6 @@ impl Links {
             .iter()
             .filter(|l| l.alive.load(Ordering::SeqCst))
             .count()
-    }
-
-    pub(crate) fn is_alive(&self, i: usize) -> bool {
-        self.links[i].alive.load(Ordering::SeqCst)
     }
 
     /// (server, why) for each connection that was granted and is gone.

@@ -32,84 +32,9 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::proto::reply::{error_outcome, WAIT_REPLY_MARGIN};
+use crate::{LockError, Outcome};
 use redis::{Client, Cmd, Connection, ConnectionInfo, ConnectionLike, IntoConnectionInfo, Value};
-
-/// What one server answered to one request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Granted (or done), with this server's fencing token where there is one (0 otherwise).
-    Granted(u64),
-    /// Held by someone else (the command replied nil).
-    Held,
-    /// `-NOTOWNER`: the owner does not hold the lock there (never did, released, expired, or
-    /// the key was deleted). The error text follows.
-    NotOwner(String),
-    /// `-DEADLOCK`: the request would deadlock (an upgrade of a read hold, or a wait closing a
-    /// cycle of waiting owners).
-    Deadlock(String),
-    /// `-MAXWAITERS`: the wait queue of the key (or the server's waiter limit) is full.
-    MaxWaiters(String),
-    /// `-WRONGKIND`: a permit asked of a lock key, or a lock of a semaphore key.
-    WrongKind(String),
-    /// The semaphore key has another capacity than the one asked.
-    CapacityMismatch(String),
-    /// The server answered with another error (WRONGTYPE, ERR, ...), or an unexpected reply.
-    Refused(String),
-    /// No answer: connection refused, reset or timed out.
-    Unreachable(String),
-}
-
-impl Outcome {
-    /// The typed answer for an error reply's text: `CODE detail` (or `-CODE detail`, or the
-    /// `CODE: detail` that the `redis` crate prints).
-    pub fn from_error_text(text: impl Into<String>) -> Outcome {
-        let text = text.into();
-        let trimmed = text.trim_start().trim_start_matches('-');
-        let code = trimmed.split([' ', ':']).next().unwrap_or_default();
-        match code {
-            "NOTOWNER" => Outcome::NotOwner(text),
-            "DEADLOCK" => Outcome::Deadlock(text),
-            "MAXWAITERS" => Outcome::MaxWaiters(text),
-            "WRONGKIND" => Outcome::WrongKind(text),
-            "ERR" if trimmed.contains("the semaphore has another capacity") => {
-                Outcome::CapacityMismatch(text)
-            }
-            _ => Outcome::Refused(text),
-        }
-    }
-
-    /// The server answered with an error of any kind (every variant but `Granted`, `Held` and
-    /// `Unreachable`).
-    pub fn is_refusal(&self) -> bool {
-        self.error_text().is_some() && !matches!(self, Outcome::Unreachable(_))
-    }
-
-    /// The text of an error reply, or of the failure to reach the server.
-    pub fn error_text(&self) -> Option<&str> {
-        match self {
-            Outcome::Granted(_) | Outcome::Held => None,
-            Outcome::NotOwner(t)
-            | Outcome::Deadlock(t)
-            | Outcome::MaxWaiters(t)
-            | Outcome::WrongKind(t)
-            | Outcome::CapacityMismatch(t)
-            | Outcome::Refused(t)
-            | Outcome::Unreachable(t) => Some(t),
-        }
-    }
-}
-
-/// The typed answer for an error reply as the `redis` crate returns it: read from its code and
-/// detail as the server sent them (`ERR the semaphore has another capacity ...`), since its
-/// `Display` puts a description first (`An error was signalled by the server - ResponseError:
-/// ...`), which hides the `ERR` code.
-pub(crate) fn error_outcome(e: &redis::RedisError) -> Outcome {
-    match (e.code(), e.detail()) {
-        (Some(code), Some(detail)) => Outcome::from_error_text(format!("{code} {detail}")),
-        (Some(code), None) => Outcome::from_error_text(code),
-        (None, _) => Outcome::from_error_text(e.to_string()),
-    }
-}
 
 /// Which pool a request draws its connection from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,14 +49,10 @@ pub(crate) enum Kind {
 /// only needed while that many requests ran at once).
 const MAX_IDLE: usize = 4;
 
-/// Added to a blocking request's wait (and the timeout) before its reply is given up on: the
-/// server's own wait timeout fires on its timer, a little late on a busy server.
-pub(crate) const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(1);
-
 /// One server. Connections are opened on demand, pooled while idle, and dropped after any I/O
 /// failure (one may still carry a late reply); an I/O failure also closes the server's idle
 /// connections, which are likely dead as well (a restarted server).
-pub struct Instance {
+pub(crate) struct Instance {
     name: String,
     client: Client,
     /// AUTH and SELECT, sent by us once the socket timeouts are set (the crate would send them
@@ -150,19 +71,27 @@ impl Instance {
     /// `url` as for the `redis` crate (`redis://[user:password@]host:port/db`); `timeout`
     /// bounds connecting, authenticating and each reply (a blocking request's reply also gets
     /// its wait). Fails only on a malformed URL: the server is contacted on first use.
-    pub fn new(url: &str, timeout: Duration) -> redis::RedisResult<Self> {
-        Self::from_info(url.into_connection_info()?, timeout)
+    pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self, LockError> {
+        let info = url.into_connection_info().map_err(|e| LockError::Config {
+            reason: format!("{url:?} is not a Redis URL: {e}"),
+        })?;
+        Self::from_info(info, timeout)
     }
 
     /// The same from parsed connection settings (as a `redis::Client` holds them).
-    pub fn from_info(mut info: ConnectionInfo, timeout: Duration) -> redis::RedisResult<Self> {
+    pub(crate) fn from_info(
+        mut info: ConnectionInfo,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
         let username = info.redis.username.take();
         let password = info.redis.password.take();
         let db = std::mem::take(&mut info.redis.db);
         let name = format!("{}", info.addr);
         Ok(Instance {
             name,
-            client: Client::open(info)?,
+            client: Client::open(info).map_err(|e| LockError::Config {
+                reason: e.to_string(),
+            })?,
             username,
             password,
             db,
@@ -462,9 +391,4 @@ pub(crate) fn exchange<W: Wire>(
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(Outcome::Unreachable("not sent".into()))))
         .collect()
-}
-
-/// Milliseconds for a command argument: at least 1 (the module refuses 0).
-pub fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 use rand::Rng;
 use redis::Value;
 
-use crate::{LockError, MAX_OWNER_LEN};
+use super::error::LockError;
+use super::request::{Acquire, MAX_OWNER_LEN};
 
 /// One holder of a key, as `LOCK.INFO` lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,7 +184,7 @@ impl OwnerIdentity {
 
     /// The request with this identity applied: a fixed owner becomes the request's explicit
     /// owner unless it has one; returns the owner to use when the request has none.
-    pub(crate) fn apply(&self, request: &mut crate::Acquire) -> String {
+    pub(crate) fn apply(&self, request: &mut Acquire) -> String {
         if let (OwnerIdentity::Fixed(o), None) = (self, &request.owner) {
             request.owner = Some(o.clone());
         }

@@ -1,0 +1,139 @@
+//! The servers of a sync client or Redlock, and each request the guards and clients send
+//! them, over pooled or bound connections.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+
+use super::bound::BoundLink;
+use super::guard::State;
+use super::instance::{self, Instance};
+use crate::proto::error::classify;
+use crate::proto::reply::{acquire_outcome, info_cmd, release_cmd, Outcome};
+use crate::{Acquire, LockError, LockInfo};
+
+/// The servers a lock lives on, and how many must agree.
+pub(crate) struct Servers {
+    pub(crate) instances: Vec<Instance>,
+    pub(crate) quorum: usize,
+}
+
+impl Servers {
+    pub(crate) fn new(instances: Vec<Instance>) -> Self {
+        let quorum = instances.len() / 2 + 1;
+        Servers { instances, quorum }
+    }
+
+    /// The same command to every server at once; `wait` for a blocking request (see
+    /// [`instance::scatter_gather`]).
+    pub(crate) fn run(&self, cmd: &Cmd, wait: Option<Duration>) -> Vec<Result<Value, Outcome>> {
+        let cmds = vec![Some(cmd.clone()); self.instances.len()];
+        instance::scatter_gather(&self.instances, &cmds, wait)
+    }
+
+    /// LOCK.ACQUIRE / LOCK.RWREAD / LOCK.SEMACQUIRE everywhere over pooled connections, with
+    /// server-side WAIT when `wait` is set.
+    pub(crate) fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+        wait: Option<Duration>,
+    ) -> Vec<Outcome> {
+        self.run(&request.command(key, owner, wait), wait)
+            .into_iter()
+            .map(acquire_outcome)
+            .collect()
+    }
+
+    /// The same over bound connections: `links[i]` is used for server i, opened when `None`.
+    /// On return `links[i]` holds the connections that can carry more requests: the one a
+    /// grant came on, and also one whose reply timed out (it may still grant).
+    pub(crate) fn acquire_bound(
+        &self,
+        links: &mut [Option<BoundLink>],
+        key: &str,
+        owner: &str,
+        request: &Acquire,
+        wait: Option<Duration>,
+    ) -> Vec<Outcome> {
+        let cmds = vec![Some(request.command(key, owner, wait)); self.instances.len()];
+        instance::exchange(&self.instances, links, &cmds, wait)
+            .into_iter()
+            .map(acquire_outcome)
+            .collect()
+    }
+
+    /// After a bound acquire that is not used (or for the servers that did not grant): closes
+    /// the connections, each behind a `LOCK.RELEASE ... ALL` where it granted or may still grant
+    /// (its reply timed out), so that no hold is left and no lock-delay starts. Does not wait.
+    pub(crate) fn discard(
+        &self,
+        links: Vec<Option<BoundLink>>,
+        outcomes: &[Outcome],
+        key: &str,
+        owner: &str,
+    ) {
+        let release = release_cmd(key, owner);
+        for (link, outcome) in links.into_iter().zip(outcomes) {
+            if let Some(link) = link {
+                if matches!(outcome, Outcome::Granted(_) | Outcome::Unreachable(_)) {
+                    link.abandon(&release);
+                }
+            }
+        }
+    }
+
+    /// After a failed bound attempt (Redlock): `LOCK.RELEASE ... ALL` over the bound connection
+    /// of every server that granted or may still grant, waiting for the replies, so the
+    /// connections can carry the next attempt (a release on the same connection is answered
+    /// before anything sent after it).
+
+    /// `LOCK.INFO key` on server `i`.
+    pub(crate) fn info(&self, i: usize, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let cmd = info_cmd(key);
+        let cmds: Vec<Option<Cmd>> = (0..self.instances.len())
+            .map(|j| (j == i).then(|| cmd.clone()))
+            .collect();
+        let name = self
+            .instances
+            .get(i)
+            .map(|s| s.name().to_string())
+            .unwrap_or_default();
+        let reply = instance::scatter_gather(&self.instances, &cmds, None)
+            .into_iter()
+            .nth(i)
+            .unwrap_or_else(|| Err(Outcome::Unreachable("no such server".into())));
+        match reply {
+            Ok(v) => LockInfo::from_reply(&v).map_err(|e| LockError::Refused {
+                causes: vec![(name, Outcome::Refused(e))],
+            }),
+            Err(o) => Err(classify(&[(name, o)], 1)),
+        }
+    }
+
+    /// The servers' names, in order.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.instances
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect()
+    }
+
+    /// Puts a new guard under the servers' loss watchers.
+    pub(crate) fn watch(&self, _state: &Arc<State>) {}
+
+    pub(crate) fn named(&self, outcomes: Vec<Outcome>) -> Vec<(String, Outcome)> {
+        self.instances
+            .iter()
+            .map(|i| i.name().to_string())
+            .zip(outcomes)
+            .collect()
+    }
+}
+
+/// `n` empty bound-connection slots.
+pub(crate) fn no_links(n: usize) -> Vec<Option<BoundLink>> {
+    (0..n).map(|_| None).collect()
+}

@@ -1,0 +1,145 @@
+//! Commands the client sends besides the acquires ([`super::request`]), and what a server's
+//! replies mean: one typed [`Outcome`] per server and request.
+
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+
+/// Added to a blocking request's wait (and the timeout) before its reply is given up on: the
+/// server's own wait timeout fires on its timer, a little late on a busy server.
+pub(crate) const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(1);
+
+/// What one server answered to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Granted (or done), with this server's fencing token where there is one (0 otherwise).
+    Granted(u64),
+    /// Held by someone else (the command replied nil).
+    Held,
+    /// `-NOTOWNER`: the owner does not hold the lock there (never did, released, expired, or
+    /// the key was deleted). The error text follows.
+    NotOwner(String),
+    /// `-DEADLOCK`: the request would deadlock (an upgrade of a read hold, or a wait closing a
+    /// cycle of waiting owners).
+    Deadlock(String),
+    /// `-MAXWAITERS`: the wait queue of the key (or the server's waiter limit) is full.
+    MaxWaiters(String),
+    /// `-WRONGKIND`: a permit asked of a lock key, or a lock of a semaphore key.
+    WrongKind(String),
+    /// The semaphore key has another capacity than the one asked.
+    CapacityMismatch(String),
+    /// The server answered with another error (WRONGTYPE, ERR, ...), or an unexpected reply.
+    Refused(String),
+    /// No answer: connection refused, reset or timed out.
+    Unreachable(String),
+}
+
+impl Outcome {
+    /// The typed answer for an error reply's text: `CODE detail` (or `-CODE detail`, or the
+    /// `CODE: detail` that the `redis` crate prints).
+    pub fn from_error_text(text: impl Into<String>) -> Outcome {
+        let text = text.into();
+        let trimmed = text.trim_start().trim_start_matches('-');
+        let code = trimmed.split([' ', ':']).next().unwrap_or_default();
+        match code {
+            "NOTOWNER" => Outcome::NotOwner(text),
+            "DEADLOCK" => Outcome::Deadlock(text),
+            "MAXWAITERS" => Outcome::MaxWaiters(text),
+            "WRONGKIND" => Outcome::WrongKind(text),
+            "ERR" if trimmed.contains("the semaphore has another capacity") => {
+                Outcome::CapacityMismatch(text)
+            }
+            _ => Outcome::Refused(text),
+        }
+    }
+
+    /// The server answered with an error of any kind (every variant but `Granted`, `Held` and
+    /// `Unreachable`).
+    pub fn is_refusal(&self) -> bool {
+        self.error_text().is_some() && !matches!(self, Outcome::Unreachable(_))
+    }
+
+    /// The text of an error reply, or of the failure to reach the server.
+    pub fn error_text(&self) -> Option<&str> {
+        match self {
+            Outcome::Granted(_) | Outcome::Held => None,
+            Outcome::NotOwner(t)
+            | Outcome::Deadlock(t)
+            | Outcome::MaxWaiters(t)
+            | Outcome::WrongKind(t)
+            | Outcome::CapacityMismatch(t)
+            | Outcome::Refused(t)
+            | Outcome::Unreachable(t) => Some(t),
+        }
+    }
+}
+
+/// The typed answer for an error reply as the `redis` crate returns it: read from its code and
+/// detail as the server sent them (`ERR the semaphore has another capacity ...`), since its
+/// `Display` puts a description first (`An error was signalled by the server - ResponseError:
+/// ...`), which hides the `ERR` code.
+pub(crate) fn error_outcome(e: &redis::RedisError) -> Outcome {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => Outcome::from_error_text(format!("{code} {detail}")),
+        (Some(code), None) => Outcome::from_error_text(code),
+        (None, _) => Outcome::from_error_text(e.to_string()),
+    }
+}
+
+pub(crate) fn acquire_outcome(r: Result<Value, Outcome>) -> Outcome {
+    match r {
+        Ok(Value::Int(t)) => Outcome::Granted(u64::try_from(t).unwrap_or(0)),
+        Ok(Value::Nil) => Outcome::Held,
+        Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
+        Err(o) => o,
+    }
+}
+
+pub(crate) fn extend_cmd(key: &str, owner: &str, ttl: Duration) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.EXTEND");
+    cmd.arg(key).arg(owner).arg(millis(ttl));
+    cmd
+}
+
+pub(crate) fn extend_outcome(r: Result<Value, Outcome>) -> Outcome {
+    match r {
+        Ok(Value::Int(_)) => Outcome::Granted(0),
+        Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
+        Err(o) => o,
+    }
+}
+
+pub(crate) fn release_cmd(key: &str, owner: &str) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.RELEASE");
+    cmd.arg(key).arg(owner).arg("ALL");
+    cmd
+}
+
+/// LOCK.RELEASE without ALL: one hold of an owner that may hold the key through other guards.
+pub(crate) fn release_one_cmd(key: &str, owner: &str) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.RELEASE");
+    cmd.arg(key).arg(owner);
+    cmd
+}
+
+/// `Granted(remaining holds)` when the owner held the key; `NotOwner` when it did not (the
+/// hold was already gone: whether that is a loss is the lease's call, see
+/// [`super::lease::Lease::released`]).
+pub(crate) fn release_outcome(r: Result<Value, Outcome>) -> Outcome {
+    match r {
+        Ok(Value::Int(n)) => Outcome::Granted(u64::try_from(n).unwrap_or(0)),
+        Ok(other) => Outcome::Refused(format!("unexpected reply {other:?}")),
+        Err(o) => o,
+    }
+}
+
+/// `LOCK.INFO key`.
+pub(crate) fn info_cmd(key: &str) -> Cmd {
+    let mut cmd = redis::cmd("LOCK.INFO");
+    cmd.arg(key);
+    cmd
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
