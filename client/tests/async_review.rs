@@ -154,12 +154,12 @@ fn an_async_redlock_acquire_cancelled_after_its_grants_releases_them() {
 #[test]
 fn an_async_redlock_over_no_servers_fails_instead_of_panicking() {
     let rt = runtime();
-    let redlock = AsyncRedlock::new::<&str>(&[], TIMEOUT).unwrap();
-    let r = rt.block_on(redlock.acquire(
-        "k",
-        Acquire::write(Duration::from_secs(1)).wait(Duration::from_millis(200)),
-    ));
-    assert!(matches!(r, Err(LockError::Unreachable { .. })), "{r:?}");
+    let _ = &rt;
+    let r = AsyncRedlock::new::<&str>(&[], TIMEOUT);
+    assert!(
+        matches!(r, Err(LockError::Config { .. })),
+        "refused when built"
+    );
 }
 
 #[test]
@@ -213,12 +213,13 @@ fn async_guards_dropped_off_the_runtime_or_after_it_shut_down_do_not_panic() {
     let guard = rt.block_on(client.acquire("a", watched.clone())).unwrap();
     std::thread::spawn(move || drop(guard)).join().unwrap();
     released_soon(&runtime(), &server, "a");
-    // Dropped after its runtime shut down: no panic, the hold is left to its ttl.
+    // Dropped after its runtime shut down: no panic, and released there and then (over a
+    // blocking connection), not left to its ttl.
     let guard = rt.block_on(client.acquire("b", watched)).unwrap();
     drop(rt);
     drop(guard);
     let mut c = server.client();
-    assert_eq!(holders(&mut c, "b").len(), 1);
+    assert_eq!(holders(&mut c, "b").len(), 0);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-use redis_lock_client::{Acquire, LockClient, LockError, Outcome, Redlock, Watchdog};
+use redis_lock_client::{Acquire, LockClient, LockError, LossCause, Outcome, Redlock, Watchdog};
 use redis_lock_testkit::{
     holders, info, int, query, wait_until, waiting, Connection, Server, Value, PATIENCE,
 };
@@ -85,7 +85,7 @@ fn bind_and_lock_delay_reach_the_server_on_a_connection_of_the_guards_own() {
     assert_eq!(guard.validity(), Duration::ZERO);
     assert!(matches!(
         guard.extend(),
-        Err(LockError::Disconnected { .. })
+        Err(LockError::Lost(l)) if l.cause == LossCause::ConnectionClosed
     ));
     // Its drop sends nothing that could disturb the next holder (its connection is gone).
     drop(guard);
@@ -179,9 +179,12 @@ fn is_lost_sees_a_closed_bound_connection_without_a_watchdog() {
     wait_until("the lock is free", || {
         other.try_lock("nw", Duration::from_secs(10)).is_ok()
     });
-    // Lost stays lost; releasing a lost bound guard is not an error (the hold is gone).
+    // Lost stays lost; releasing a lost bound guard says so (not a success).
     assert!(guard.is_lost());
-    guard.release().unwrap();
+    assert!(matches!(
+        guard.release(),
+        Err(LockError::Lost(l)) if l.cause == LossCause::ConnectionClosed
+    ));
 }
 
 #[test]

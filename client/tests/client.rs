@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-use redis_lock_client::{Acquire, LockClient, LockError, Outcome, Redlock, Watchdog};
+use redis_lock_client::{Acquire, LockClient, LockError, LossCause, Outcome, Redlock, Watchdog};
 use redis_lock_testkit::{holders, int, query, wait_until, waiting, Server, PATIENCE};
 
 #[test]
@@ -358,7 +358,10 @@ fn is_lost_is_true_as_soon_as_validity_runs_out_on_a_paused_server() {
     assert_eq!(report.expect("loss reported").key, "paused");
     // Still lost once the server answers again; an extend cannot revive it.
     assert!(guard.is_lost());
-    assert!(matches!(guard.extend(), Err(LockError::Expired { .. })));
+    assert!(matches!(
+        guard.extend(),
+        Err(LockError::Lost(l)) if l.cause == LossCause::Expired
+    ));
     assert!(guard.is_lost());
     assert_eq!(guard.validity(), Duration::ZERO);
     drop(guard);
@@ -455,21 +458,23 @@ fn using_hands_the_guard_over_and_shows_a_lock_taken_away() {
 
     // The key is deleted mid-closure: the watchdog's next extend (every 1.5 s of a 30 s
     // lease) finds the owner gone and the guard turns lost long before its validity ends.
-    let lost = client
-        .using(
-            "u",
-            Acquire::write(Duration::from_secs(30)).watchdog(Watchdog::new().fraction(0.05)),
-            |g| {
-                assert_eq!(int(&mut c, &["DEL", "u"]), 1);
-                let deadline = Instant::now() + PATIENCE;
-                while !g.is_lost() && Instant::now() < deadline {
-                    thread::sleep(Duration::from_millis(10));
-                }
-                g.is_lost()
-            },
-        )
-        .unwrap();
-    assert!(lost, "the guard should see the deleted key as a lost lock");
+    let lost = client.using(
+        "u",
+        Acquire::write(Duration::from_secs(30)).watchdog(Watchdog::new().fraction(0.05)),
+        |g| {
+            assert_eq!(int(&mut c, &["DEL", "u"]), 1);
+            let deadline = Instant::now() + PATIENCE;
+            while !g.is_lost() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+            }
+            g.is_lost()
+        },
+    );
+    // The lock was lost while the closure ran: not a success.
+    assert!(
+        matches!(&lost, Err(LockError::Lost(l)) if l.cause == LossCause::Deleted),
+        "{lost:?}"
+    );
 
     // Redlock's using, with an owner prefix.
     let servers = five();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-use redis_lock_client::{Acquire, LockClient, LockError, LockGuard, Mode, Watchdog};
+use redis_lock_client::{Acquire, LockClient, LockError, LockGuard, LossCause, Mode, Watchdog};
 use redis_lock_testkit::{
     holders, info, int, query, wait_until, waiting, Connection, Server, Value, PATIENCE,
 };
@@ -271,7 +271,7 @@ fn a_bound_permit_ends_with_its_connection_and_the_waiter_gets_it() {
     wait_until("the guard knows", || guard.is_lost());
     assert!(matches!(
         guard.extend(),
-        Err(LockError::Disconnected { .. })
+        Err(LockError::Lost(l)) if l.cause == LossCause::ConnectionClosed
     ));
 }
 

@@ -15,11 +15,7 @@ use super::multi::{acquire_all, AsyncMultiGuard};
 use crate::proto::error::classify;
 use crate::proto::lease::single_server_valid_until;
 use crate::proto::reply::{acquire_outcome, error_outcome, info_cmd, millis, WAIT_REPLY_MARGIN};
-use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity};
-
-/// How many connections for waiting acquires a client opens at most, unless set with
-/// `max_wait_connections`.
-pub const DEFAULT_WAIT_CONNECTIONS: usize = 64;
+use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity, DEFAULT_WAIT_CONNECTIONS};
 
 /// An async lock client for one Redis server with the module, or (feature `cluster`) a Redis
 /// Cluster whose masters all load it. Clone it freely: clones share connections. See the
@@ -100,7 +96,7 @@ impl AsyncLockClient {
     }
 
     /// At most `limit` connections for waiting acquires (default
-    /// [`DEFAULT_WAIT_CONNECTIONS`]): a waiting acquire holds one while its request is out
+    /// [`crate::DEFAULT_WAIT_CONNECTIONS`]): a waiting acquire holds one while its request is out
     /// (also a Redlock's queued wait on its designated server). When all are in use, further
     /// waits queue in the client, in FIFO order, for what is left of their wait; one that
     /// gets no connection in time fails with [`LockError::WaitLimit`]. Acquires without a wait

@@ -40,11 +40,14 @@ impl AsyncRedlock {
             .iter()
             .map(|u| AsyncLockClient::new(u.as_ref(), per_instance_timeout))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::of(clients))
+        Self::of(clients)
     }
 
     /// The same over existing `redis::Client`s, one per server.
-    pub fn from_clients(clients: Vec<redis::Client>, per_instance_timeout: Duration) -> Self {
+    pub fn from_clients(
+        clients: Vec<redis::Client>,
+        per_instance_timeout: Duration,
+    ) -> Result<Self, LockError> {
         Self::of(
             clients
                 .into_iter()
@@ -53,13 +56,18 @@ impl AsyncRedlock {
         )
     }
 
-    fn of(clients: Vec<AsyncLockClient>) -> Self {
-        AsyncRedlock {
+    fn of(clients: Vec<AsyncLockClient>) -> Result<Self, LockError> {
+        if clients.is_empty() {
+            return Err(LockError::Config {
+                reason: "a Redlock needs at least one server".into(),
+            });
+        }
+        Ok(AsyncRedlock {
             clients: clients.into(),
             retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
             strategy: WaitStrategy::Queue,
             prefix: String::new(),
-        }
+        })
     }
 
     /// How an acquire with `wait` waits ([`WaitStrategy::Queue`] by default).

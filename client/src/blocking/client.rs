@@ -39,6 +39,21 @@ impl LockClient {
         Ok(Self::of(Instance::new(url, timeout)?))
     }
 
+    /// At most `limit` connections for waiting acquires (default
+    /// [`crate::DEFAULT_WAIT_CONNECTIONS`]): a waiting acquire holds one while its request is
+    /// out. When all are in use, further waits queue in the client, in arrival order, for what
+    /// is left of their wait; one that gets no connection in time fails with
+    /// [`LockError::WaitLimit`]. Acquires without a wait and bound holds (which have a
+    /// connection of their own) are not limited. Set it on a new client, before cloning it.
+    pub fn max_wait_connections(mut self, limit: usize) -> Self {
+        if let Some(servers) = Arc::get_mut(&mut self.servers) {
+            for i in &mut servers.instances {
+                i.wait_slots = super::slots::WaitSlots::new(limit);
+            }
+        }
+        self
+    }
+
     fn of(instance: Instance) -> Self {
         LockClient {
             servers: Arc::new(Servers::new(vec![instance])),
@@ -77,6 +92,19 @@ impl LockClient {
         let owner = self.owner.apply(&mut request);
         request.check()?;
         let started = Instant::now();
+        // A wait connection of the client's capped number, taken (in arrival order) before the
+        // request goes out; the time spent here comes off the server-side wait.
+        let _slot = match (request.wait, request.bind) {
+            (Some(wait), false) => {
+                let slot = self.servers.instances[0].wait_slots.take(wait)?;
+                if !wait.is_zero() {
+                    let left = wait.saturating_sub(started.elapsed());
+                    request.wait = Some(left.max(Duration::from_millis(1)));
+                }
+                Some(slot)
+            }
+            _ => None,
+        };
         if request.min_replicas.is_some() {
             return self.acquire_replicated(key, owner, request, started);
         }

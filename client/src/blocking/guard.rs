@@ -75,14 +75,20 @@ impl State {
     }
 
     /// `cmd` to every server of the hold (over its bound connections for a bound guard):
-    /// each reply, and whether too few bound connections are left for a quorum.
-    fn send(&self, cmd: &redis::Cmd) -> (Vec<Result<redis::Value, Outcome>>, bool) {
-        match &self.links {
-            Some(links) => {
+    /// each reply, and whether too few bound connections are left for a quorum. With `enough`
+    /// (pooled connections only), the answer comes once that many servers replied.
+    fn send(
+        &self,
+        cmd: &redis::Cmd,
+        enough: Option<usize>,
+    ) -> (Vec<Result<redis::Value, Outcome>>, bool) {
+        match (&self.links, enough) {
+            (Some(links), _) => {
                 let replies = links.run(&self.servers, cmd);
                 (replies, links.alive() < self.servers.quorum)
             }
-            None => (self.servers.run(cmd, None), false),
+            (None, Some(enough)) => (self.servers.run_until(cmd, enough), false),
+            (None, None) => (self.servers.run(cmd, None), false),
         }
     }
 
@@ -105,7 +111,7 @@ impl State {
     fn extend(&self, ttl: Duration) -> Result<Duration, LockError> {
         let sent = Instant::now();
         self.hold.lease().before_extend(sent)?;
-        let (replies, closed) = self.send(&self.hold.extend_cmd(ttl));
+        let (replies, closed) = self.send(&self.hold.extend_cmd(ttl), None);
         let outcomes: Vec<Outcome> = replies.into_iter().map(extend_outcome).collect();
         let verdict = self
             .hold
@@ -120,7 +126,7 @@ impl State {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let (replies, closed) = self.send(&self.hold.release_cmd());
+        let (replies, closed) = self.send(&self.hold.release_cmd(), Some(self.servers.quorum));
         if let Some(links) = &self.links {
             links.close();
         }

@@ -32,6 +32,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::slots::{WaitSlots, DEFAULT_WAIT_CONNECTIONS};
 use crate::proto::reply::{error_outcome, WAIT_REPLY_MARGIN};
 use crate::{LockError, Outcome};
 use redis::{Client, Cmd, Connection, ConnectionInfo, ConnectionLike, IntoConnectionInfo, Value};
@@ -65,6 +66,8 @@ pub(crate) struct Instance {
     short: Mutex<Vec<Connection>>,
     /// Idle connections for blocking requests.
     blocking: Mutex<Vec<Connection>>,
+    /// The cap on connections for waits ([`crate::LockClient::max_wait_connections`]).
+    pub(crate) wait_slots: WaitSlots,
 }
 
 impl Instance {
@@ -98,6 +101,7 @@ impl Instance {
             timeout: timeout.max(Duration::from_millis(1)),
             short: Mutex::new(Vec::new()),
             blocking: Mutex::new(Vec::new()),
+            wait_slots: WaitSlots::new(DEFAULT_WAIT_CONNECTIONS),
         })
     }
 

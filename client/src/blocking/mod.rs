@@ -7,12 +7,14 @@ mod instance;
 mod multi;
 mod redlock;
 mod servers;
+mod slots;
 
 pub use bound::BOUND_CLIENT_NAME;
 pub use client::LockClient;
 pub use guard::LockGuard;
 pub use multi::MultiGuard;
 pub use redlock::Redlock;
+pub use slots::DEFAULT_WAIT_CONNECTIONS;
 
 use crate::LockError;
 

@@ -39,7 +39,7 @@ impl Redlock {
             .iter()
             .map(|u| Instance::new(u.as_ref(), per_instance_timeout))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::of(instances))
+        Self::of(instances)
     }
 
     /// The same over the servers existing `redis::Client`s connect to (their address, login,
@@ -52,16 +52,21 @@ impl Redlock {
             .iter()
             .map(|c| Instance::from_info(c.get_connection_info().clone(), per_instance_timeout))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::of(instances))
+        Self::of(instances)
     }
 
-    fn of(instances: Vec<Instance>) -> Self {
-        Redlock {
+    fn of(instances: Vec<Instance>) -> Result<Self, LockError> {
+        if instances.is_empty() {
+            return Err(LockError::Config {
+                reason: "a Redlock needs at least one server".into(),
+            });
+        }
+        Ok(Redlock {
             servers: Arc::new(Servers::new(instances)),
             retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
             strategy: WaitStrategy::Queue,
             prefix: String::new(),
-        }
+        })
     }
 
     /// Owners of this Redlock's guards start with `prefix` (then 32 random hex digits), so
@@ -138,7 +143,6 @@ impl Redlock {
         let bind = attempts.request().bind;
         // A bound request's connections, kept from one attempt to the next.
         let mut links = bind.then(|| no_links(self.servers.instances.len()));
-        let mut last: Vec<Outcome> = Vec::new();
         let mut step = attempts.start(Instant::now());
         loop {
             step = match step {
@@ -149,15 +153,17 @@ impl Redlock {
                         (Some(links), Sending::Attempt | Sending::Release) => {
                             instance::exchange(&self.servers.instances, links, &cmds, None)
                         }
+                        (_, Sending::QueueWait) => {
+                            // One server waits: on a connection of the capped number.
+                            let server = cmds.iter().position(Option::is_some).unwrap_or(0);
+                            let _slot = match self.servers.instances.get(server) {
+                                Some(i) => Some(i.wait_slots.take(wait.unwrap_or_default())?),
+                                None => None,
+                            };
+                            instance::scatter_gather(&self.servers.instances, &cmds, wait)
+                        }
                         _ => instance::scatter_gather(&self.servers.instances, &cmds, wait),
                     };
-                    if what == Sending::Attempt {
-                        last = replies
-                            .iter()
-                            .cloned()
-                            .map(crate::proto::reply::acquire_outcome)
-                            .collect();
-                    }
                     attempts.replied(replies, Instant::now())
                 }
                 Step::Sleep(d) => {
@@ -190,12 +196,8 @@ impl Redlock {
                         kept,
                     ));
                 }
-                Step::Failed(e) => {
-                    if let Some(links) = links.take() {
-                        self.servers.discard(links, &last, key, attempts.owner());
-                    }
-                    return Err(e);
-                }
+                // A bound request's connections close here; its failed attempts were released.
+                Step::Failed(e) => return Err(e),
             };
         }
     }

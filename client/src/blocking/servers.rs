@@ -113,6 +113,53 @@ impl Servers {
         }
     }
 
+    /// `cmd` to every server, each on a thread of its own, answered as soon as `enough`
+    /// servers replied (any reply): a paused or dead server does not hold up a quorum's
+    /// answer. The slower ones finish (or time out) in the background and read "no answer
+    /// awaited". With one server this is [`Servers::run`].
+    pub(crate) fn run_until(
+        self: &Arc<Self>,
+        cmd: &Cmd,
+        enough: usize,
+    ) -> Vec<Result<Value, Outcome>> {
+        let n = self.instances.len();
+        if n <= 1 || enough >= n {
+            return self.run(cmd, None);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..n {
+            let servers = Arc::clone(self);
+            let tx = tx.clone();
+            let cmd = cmd.clone();
+            std::thread::spawn(move || {
+                let cmds: Vec<Option<Cmd>> =
+                    (0..n).map(|j| (j == i).then(|| cmd.clone())).collect();
+                let reply = instance::scatter_gather(&servers.instances, &cmds, None)
+                    .into_iter()
+                    .nth(i)
+                    .unwrap_or_else(|| Err(Outcome::Unreachable("not sent".into())));
+                let _ = tx.send((i, reply));
+            });
+        }
+        drop(tx);
+        let mut results: Vec<Result<Value, Outcome>> = (0..n)
+            .map(|_| Err(Outcome::Unreachable("no answer awaited".into())))
+            .collect();
+        let mut replied = 0;
+        for (i, reply) in rx.iter() {
+            if reply.is_ok() {
+                replied += 1;
+            }
+            if let Some(slot) = results.get_mut(i) {
+                *slot = reply;
+            }
+            if replied >= enough {
+                break;
+            }
+        }
+        results
+    }
+
     /// The servers' names, in order.
     pub(crate) fn names(&self) -> Vec<String> {
         self.instances

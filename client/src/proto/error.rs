@@ -63,12 +63,6 @@ pub enum LockError {
         /// What each server answered (server name, answer).
         causes: Vec<(String, Outcome)>,
     },
-    /// A bound lock: its connections to too many instances closed, which ended the hold there
-    /// (the causes name them).
-    Disconnected {
-        /// What each server answered (server name, answer).
-        causes: Vec<(String, Outcome)>,
-    },
     /// The server refused to queue the waiting request (`-MAXWAITERS`): the key's wait queue
     /// (`lock.max-waiters`) or the server's waiter limit is full. Retry later.
     MaxWaiters {
@@ -196,7 +190,6 @@ impl LockError {
             | LockError::WrongKind { causes }
             | LockError::CapacityMismatch { causes }
             | LockError::Expired { causes }
-            | LockError::Disconnected { causes }
             | LockError::MaxWaiters { causes }
             | LockError::NotOwner { causes }
             | LockError::ModuleMissing { causes }
@@ -249,7 +242,6 @@ impl std::fmt::Display for LockError {
                 "permit request refused: the semaphore has another capacity"
             }
             LockError::Expired { .. } => "lock validity ran out",
-            LockError::Disconnected { .. } => "bound lock's connections closed",
             LockError::MaxWaiters { .. } => "lock request refused: the wait queue is full",
             LockError::NotOwner { .. } => "the owner does not hold the lock",
             LockError::ReplicasNotAcknowledged {
