@@ -90,6 +90,7 @@ impl AsyncLockClient {
                 idle: Mutex::new(Vec::new()),
                 wait_slots: Arc::new(tokio::sync::Semaphore::new(DEFAULT_WAIT_CONNECTIONS)),
                 wait_limit: DEFAULT_WAIT_CONNECTIONS,
+                watcher: Default::default(),
             }),
             owner: OwnerIdentity::Random,
         }
@@ -189,6 +190,8 @@ impl AsyncLockClient {
             _ => None,
         };
         let cmd = request.command(key, &owner, request.wait);
+        // Once granted, every change of the key by anyone else is pushed to the watcher.
+        self.inner.cover(key).await;
         let bound = request
             .wait
             .unwrap_or_default()

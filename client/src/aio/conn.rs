@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, Value};
 
 use super::client::AsyncLockClient;
-use super::guard::GuardState;
+use super::watch::{read_pushes, Watcher};
 use crate::proto::reply::{error_outcome, release_cmd, WAIT_REPLY_MARGIN};
 use crate::{LockError, Outcome};
 
@@ -137,6 +137,8 @@ pub(crate) struct Inner {
     /// none is idle, so at most this many wait connections are ever open.
     pub(crate) wait_slots: Arc<tokio::sync::Semaphore>,
     pub(crate) wait_limit: usize,
+    /// The loss watcher, over the shared connection (see [`super::watch`]).
+    pub(crate) watcher: Watcher,
 }
 
 impl Inner {
@@ -177,19 +179,66 @@ impl Inner {
         }
     }
 
-    async fn shared(&self) -> Result<Conn, Outcome> {
+    /// The shared connection, opened when there is none. Boxed: opening it starts the
+    /// watcher's task, which may reopen it, and the compiler cannot see through that cycle.
+    pub(crate) fn shared(
+        self: &Arc<Self>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Conn, Outcome>> + Send + '_>>
+    {
+        Box::pin(self.open_shared())
+    }
+
+    async fn open_shared(self: &Arc<Self>) -> Result<Conn, Outcome> {
         let mut slot = self.shared.lock().await;
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let conn = self.open(false).await.map_err(|e| unreachable(&e))?;
+        let mut conn = match &self.target {
+            Target::Single(client) => self.open_watched(client).await,
+            #[cfg(feature = "cluster")]
+            Target::Cluster { .. } => self.open(false).await,
+        }
+        .map_err(|e| unreachable(&e))?;
+        self.connected(&mut conn).await;
         *slot = Some(conn.clone());
         Ok(conn)
     }
 
+    /// The shared connection of one server: RESP3, with its pushes (tracking invalidations,
+    /// the library's notice of a closed connection) read by the watcher's task.
+    async fn open_watched(self: &Arc<Self>, client: &redis::Client) -> redis::RedisResult<Conn> {
+        let mut info = client.get_connection_info().clone();
+        info.redis.protocol = redis::ProtocolVersion::RESP3;
+        let client = redis::Client::open(info)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            .set_push_sender(tx);
+        let connect = client.get_multiplexed_async_connection_with_config(&config);
+        let conn = match tokio::time::timeout(self.timeout * 4, connect).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::IoError,
+                    "connect timed out",
+                )))
+            }
+        };
+        tokio::spawn(read_pushes(Arc::downgrade(self), rx));
+        Ok(Conn::Single(conn))
+    }
+
+    /// Forgets the shared connection (it was found closed): the next request opens another.
+    pub(crate) fn forget_shared(&self) {
+        if let Ok(mut slot) = self.shared.try_lock() {
+            *slot = None;
+        }
+    }
+
     /// A short command over the shared connection, bounded by the timeout. After an I/O
     /// failure the shared connection is reopened by the next request.
-    pub(crate) async fn short(&self, cmd: &Cmd) -> Result<Value, Outcome> {
+    pub(crate) async fn short(self: &Arc<Self>, cmd: &Cmd) -> Result<Value, Outcome> {
         let mut conn = self.shared().await?;
         let reply = tokio::time::timeout(self.timeout + WAIT_REPLY_MARGIN, conn.query(cmd)).await;
         match reply {
@@ -241,9 +290,6 @@ impl Inner {
             idle.push((conn, id));
         }
     }
-
-    /// Puts a new guard's hold on server `i` under this client's loss watcher.
-    pub(crate) fn watch(&self, _i: usize, _state: &Arc<GuardState>) {}
 
     /// A permit for one wait connection, waiting (in FIFO order with the other waits) at most
     /// `wait` for one to come free: [`LockError::WaitLimit`] when none did.

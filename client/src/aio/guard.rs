@@ -87,6 +87,23 @@ impl GuardState {
         }
     }
 
+    /// A watcher's re-read of the key on server `i`: records and signals a loss it shows.
+    pub(crate) fn check_info(&self, i: usize, info: &Option<crate::LockInfo>) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        if self.hold.check_info(i, info).is_some() {
+            self.signal();
+        }
+    }
+
+    /// Stops watching the key (the guard is done).
+    fn unwatch(&self) {
+        for client in self.clients.iter() {
+            client.inner.unwatch(&self.hold.key, self);
+        }
+    }
+
     /// Records a loss found outside the guard's own requests (a watcher, a closed bound
     /// connection).
     pub(crate) fn lost(&self, cause: LossCause, causes: Vec<(String, Outcome)>) {
@@ -132,6 +149,7 @@ impl GuardState {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.unwatch();
         let quorum = self.hold.quorum();
         let (replies, closed) = self.send(self.hold.release_cmd(), Some(quorum)).await;
         if let Some(bound) = &self.bound {
@@ -152,6 +170,7 @@ impl GuardState {
         if self.released.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.unwatch();
         let cmd = self.hold.release_cmd();
         for (i, client) in self.clients.iter().enumerate() {
             if self.hold.tokens.iter().any(|(j, _)| *j == i) {
@@ -225,7 +244,7 @@ impl AsyncLockGuard {
         });
         for (i, client) in state.clients.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                client.inner.watch(i, &state);
+                client.inner.watch(key, i, &state);
             }
         }
         let watchdog = match (tokio::runtime::Handle::try_current(), request.watchdog) {

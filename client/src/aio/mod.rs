@@ -61,6 +61,7 @@ mod conn;
 mod guard;
 mod multi;
 mod redlock;
+mod watch;
 
 pub use client::AsyncLockClient;
 pub use guard::{AsyncLockGuard, LostSignal};

@@ -13,6 +13,7 @@ pub(crate) mod multi;
 pub(crate) mod redlock;
 pub(crate) mod reply;
 pub(crate) mod request;
+pub(crate) mod watch;
 pub(crate) mod watchdog;
 
 pub use error::{LockError, LossCause, LostLock};

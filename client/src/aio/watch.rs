@@ -1,0 +1,229 @@
+//! The async face's loss watcher (see [`crate::proto::watch`] for the decisions): the client's
+//! shared connection speaks RESP3 with broadcast tracking and `NOLOOP`, its pushes arrive on a
+//! channel read by one task per client, and each invalidation of a watched key is followed by a
+//! `LOCK.INFO` over the same connection whose answer the key's guards judge.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use redis::{PushInfo, PushKind};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::conn::{Inner, Target};
+use super::guard::GuardState;
+use crate::proto::info::LockInfo;
+use crate::proto::reply::info_cmd;
+use crate::proto::watch::{invalidated_keys, tracking_off, tracking_on, Register, Watch};
+
+/// The watcher of one client: which guards watch which key.
+#[derive(Default)]
+pub(crate) struct Watcher {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    core: Watch,
+    /// Per key, the guards watching it (with their server index).
+    guards: HashMap<String, Vec<(usize, Weak<GuardState>)>>,
+    /// Tracking is not available on this server (refused, for example by an ACL): the
+    /// watcher stays off and losses are found by extends and validity alone.
+    off: bool,
+}
+
+impl Watcher {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Inner {
+    fn watches(&self) -> bool {
+        matches!(self.target, Target::Single(_)) && !self.watcher.state().off
+    }
+
+    /// Before a request that may grant `key` goes out over the shared connection: makes sure
+    /// the connection's tracking covers the key (one command the first time a key is used).
+    pub(crate) async fn cover(self: &Arc<Self>, key: &str) {
+        if !self.watches() {
+            return;
+        }
+        // Open the connection first: opening registers what is registered already.
+        if self.shared().await.is_err() {
+            return;
+        }
+        let register = self.watcher.state().core.cover(key);
+        self.register(register).await;
+    }
+
+    async fn register(self: &Arc<Self>, register: Register) {
+        match register {
+            Register::Nothing => {}
+            Register::Add(prefix) => {
+                if self.short(&tracking_on(&[prefix])).await.is_err() {
+                    self.watcher_off();
+                }
+            }
+            Register::Rebuild(set) => {
+                let _ = self.short(&tracking_off()).await;
+                if !set.is_empty() && self.short(&tracking_on(&set)).await.is_err() {
+                    self.watcher_off();
+                    return;
+                }
+                // Changes between off and on were not pushed.
+                let keys = self.watcher.state().core.keys();
+                for key in keys {
+                    self.spawn_reread(key);
+                }
+            }
+        }
+    }
+
+    /// The server refused tracking (or the connection failed while turning it on): losses are
+    /// then found by extends and validity, as without a watcher.
+    fn watcher_off(&self) {
+        self.watcher.state().off = true;
+    }
+
+    /// A new guard of `key` on server `i` of its guard.
+    pub(crate) fn watch(self: &Arc<Self>, key: &str, i: usize, guard: &Arc<GuardState>) {
+        if !self.watches() {
+            return;
+        }
+        let mut state = self.watcher.state();
+        state.core.watch(key);
+        state
+            .guards
+            .entry(key.to_string())
+            .or_default()
+            .push((i, Arc::downgrade(guard)));
+    }
+
+    /// A guard of `key` is done (released or dropped).
+    pub(crate) fn unwatch(self: &Arc<Self>, key: &str, guard: &GuardState) {
+        if !self.watches() {
+            return;
+        }
+        let register = {
+            let mut state = self.watcher.state();
+            if let Some(list) = state.guards.get_mut(key) {
+                list.retain(|(_, w)| !std::ptr::eq(w.as_ptr(), guard));
+                if list.is_empty() {
+                    state.guards.remove(key);
+                }
+            }
+            state.core.unwatch(key)
+        };
+        if register != Register::Nothing {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let me = Arc::clone(self);
+                rt.spawn(async move { me.register(register).await });
+            }
+        }
+    }
+
+    /// A (re)opened shared connection: registers every prefix again and re-reads every watched
+    /// key (changes while it was down were not pushed). Returns whether tracking is on.
+    pub(crate) async fn connected(self: &Arc<Self>, conn: &mut super::conn::Conn) {
+        if !self.watches() {
+            return;
+        }
+        let (set, keys) = {
+            let mut state = self.watcher.state();
+            (state.core.connected(), state.core.keys())
+        };
+        if !set.is_empty() && conn.query(&tracking_on(&set)).await.is_err() {
+            self.watcher_off();
+            return;
+        }
+        for key in keys {
+            self.spawn_reread(key);
+        }
+    }
+
+    fn spawn_reread(self: &Arc<Self>, key: String) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let me = Arc::clone(self);
+            rt.spawn(async move { me.reread(&key).await });
+        }
+    }
+
+    /// `LOCK.INFO key`, judged by the key's guards.
+    async fn reread(self: &Arc<Self>, key: &str) {
+        let reply = self.short(&info_cmd(key)).await;
+        let guards: Vec<(usize, Arc<GuardState>)> = {
+            let mut state = self.watcher.state();
+            state.core.read(key);
+            state
+                .guards
+                .get(key)
+                .map(|l| {
+                    l.iter()
+                        .filter_map(|(i, w)| Some((*i, w.upgrade()?)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let Ok(value) = reply else {
+            return;
+        };
+        let Ok(info) = LockInfo::from_reply(&value) else {
+            return;
+        };
+        for (i, guard) in guards {
+            guard.check_info(i, &info);
+        }
+    }
+}
+
+/// The task that reads the shared connection's pushes, for as long as the client lives.
+pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceiver<PushInfo>) {
+    loop {
+        let due = inner
+            .upgrade()
+            .and_then(|i| i.watcher.state().core.next_due());
+        let push = match due {
+            Some(at) => {
+                tokio::select! {
+                    p = pushes.recv() => p,
+                    _ = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {
+                        let Some(me) = inner.upgrade() else { return };
+                        let keys = me.watcher.state().core.due_now(Instant::now());
+                        for key in keys {
+                            me.spawn_reread(key);
+                        }
+                        continue;
+                    }
+                }
+            }
+            None => pushes.recv().await,
+        };
+        let Some(push) = push else {
+            return;
+        };
+        let Some(me) = inner.upgrade() else {
+            return;
+        };
+        if push.kind == PushKind::Disconnection {
+            // The next request reopens the connection, which re-registers and re-reads.
+            me.forget_shared();
+            let keys = me.watcher.state().core.keys();
+            if !keys.is_empty() {
+                let again = Arc::clone(&me);
+                tokio::spawn(async move {
+                    // Reopens the shared connection (and so re-reads every key).
+                    let _ = again.short(&redis::cmd("PING")).await;
+                });
+            }
+            continue;
+        }
+        let Some(keys) = invalidated_keys(push.kind == PushKind::Invalidate, &push.data) else {
+            continue;
+        };
+        let now_keys = me.watcher.state().core.invalidated(keys, Instant::now());
+        for key in now_keys {
+            me.spawn_reread(key);
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! Noticing a lost lock within milliseconds, without polling: the decisions of a client's
+//! loss watcher, with no I/O.
+//!
+//! Each server connection that carries a client's short commands (and its guards' extends)
+//! turns on Redis client-side-caching invalidations in broadcast mode with `NOLOOP`:
+//! `CLIENT TRACKING on BCAST NOLOOP PREFIX <key> ...`. The server then pushes an `invalidate`
+//! message naming the key whenever anyone *else* changes a watched key: another client's
+//! acquire or wait, a `DEL`, an expiry (the module's timer or Redis's), an eviction, an
+//! overwrite, a bound connection's close, a full resync after a failover; `FLUSHALL` pushes one
+//! with no key. Changes made over the same connection (the client's own acquires, extends and
+//! releases) push nothing, so a held lock costs no more than its extends. An invalidation
+//! only says "this key changed": the watcher reads `LOCK.INFO` of the key and the guards decide
+//! whether their owner still holds it ([`super::hold::Hold::check_info`]).
+//!
+//! Prefixes are what broadcast mode matches (a prefix `a` also matches `ab`), and one client's
+//! prefixes must not overlap, so the watcher registers a minimal set: a key whose prefix is
+//! already registered needs nothing; a key that is a prefix of registered ones makes the watcher
+//! start tracking over with the new set (and re-read every watched key, since changes in the
+//! gap were not pushed). Prefixes of keys no longer watched stay registered until there are
+//! many of them, then the set is rebuilt the same way.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, Value};
+
+/// The shortest time between two re-reads of one key: under a storm of changes by others, a
+/// key costs at most this many `LOCK.INFO` per second and process, and a loss is still
+/// noticed within this much (plus a round trip).
+pub(crate) const RECHECK_SPACING: Duration = Duration::from_millis(5);
+
+/// Rebuild the registered prefixes once more than this many are stale.
+const MAX_STALE: usize = 64;
+
+/// What the watcher wants sent over its connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Register {
+    /// Nothing: the key is covered.
+    Nothing,
+    /// `CLIENT TRACKING on BCAST NOLOOP PREFIX <key>`.
+    Add(String),
+    /// Start over: `CLIENT TRACKING off`, then on with every prefix of the set, then re-read
+    /// every watched key.
+    Rebuild(Vec<String>),
+}
+
+/// The state of one watch connection.
+#[derive(Debug, Default)]
+pub(crate) struct Watch {
+    /// Watched keys and how many guards watch each.
+    keys: HashMap<String, usize>,
+    /// Prefixes registered on the connection (none overlapping another).
+    registered: BTreeSet<String>,
+    /// Keys whose re-read is out.
+    in_flight: HashSet<String>,
+    /// Keys changed again while their re-read was out, or within the spacing.
+    due: HashSet<String>,
+    last_read: HashMap<String, Instant>,
+}
+
+/// `CLIENT TRACKING on BCAST NOLOOP PREFIX p ...`.
+pub(crate) fn tracking_on(prefixes: &[String]) -> Cmd {
+    let mut cmd = redis::cmd("CLIENT");
+    cmd.arg("TRACKING").arg("on").arg("BCAST").arg("NOLOOP");
+    for p in prefixes {
+        cmd.arg("PREFIX").arg(p);
+    }
+    cmd
+}
+
+/// `CLIENT TRACKING off`.
+pub(crate) fn tracking_off() -> Cmd {
+    let mut cmd = redis::cmd("CLIENT");
+    cmd.arg("TRACKING").arg("off");
+    cmd
+}
+
+/// The keys an `invalidate` push names: `Some(keys)`, or `None` for "everything" (a flush).
+/// Anything else (another kind of push, a malformed one) is not an invalidation.
+pub(crate) fn invalidated_keys(
+    kind_is_invalidate: bool,
+    data: &[Value],
+) -> Option<Option<Vec<String>>> {
+    if !kind_is_invalidate {
+        return None;
+    }
+    match data.first() {
+        None | Some(Value::Nil) => Some(None),
+        Some(Value::Array(keys)) | Some(Value::Set(keys)) => Some(Some(
+            keys.iter()
+                .filter_map(|k| match k {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    Value::SimpleString(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect(),
+        )),
+        Some(_) => None,
+    }
+}
+
+/// The minimal prefix set covering `keys`: no member is a prefix of another.
+fn minimal(keys: impl Iterator<Item = String>) -> Vec<String> {
+    let sorted: BTreeSet<String> = keys.collect();
+    let mut out: Vec<String> = Vec::new();
+    for k in sorted {
+        // In sorted order a key's prefixes come before it; only the last kept one can be.
+        if out.last().is_some_and(|p| k.starts_with(p.as_str())) {
+            continue;
+        }
+        out.push(k);
+    }
+    out
+}
+
+impl Watch {
+    /// The keys watched now.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        self.keys.keys().cloned().collect()
+    }
+
+    pub(crate) fn is_watched(&self, key: &str) -> bool {
+        self.keys.contains_key(key)
+    }
+
+    fn covered(&self, key: &str) -> bool {
+        // In a set where no member is a prefix of another, the only member that can be a
+        // prefix of `key` is the greatest one at or before it (every string between a prefix
+        // of `key` and `key` starts with that prefix).
+        self.registered
+            .range::<str, _>((std::ops::Bound::Unbounded, std::ops::Bound::Included(key)))
+            .next_back()
+            .is_some_and(|p| key.starts_with(p.as_str()))
+    }
+
+    /// Before a request that may grant `key` goes out over the watch connection: what to
+    /// register so that, once granted, every change of the key by anyone else is pushed.
+    pub(crate) fn cover(&mut self, key: &str) -> Register {
+        if self.covered(key) {
+            return Register::Nothing;
+        }
+        if self.registered.iter().any(|p| p.starts_with(key)) {
+            return self.rebuild(Some(key));
+        }
+        self.registered.insert(key.to_string());
+        Register::Add(key.to_string())
+    }
+
+    /// A guard of `key` starts (its key is covered: see [`Watch::cover`]).
+    pub(crate) fn watch(&mut self, key: &str) {
+        *self.keys.entry(key.to_string()).or_insert(0) += 1;
+    }
+
+    /// A guard of `key` ends. Returns a rebuild when stale prefixes have piled up.
+    pub(crate) fn unwatch(&mut self, key: &str) -> Register {
+        if let Some(n) = self.keys.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.keys.remove(key);
+                self.last_read.remove(key);
+                self.due.remove(key);
+            }
+        }
+        // Each watched key is covered by one prefix, so at least this many are stale.
+        if self.registered.len() > self.keys.len() + MAX_STALE {
+            return self.rebuild(None);
+        }
+        Register::Nothing
+    }
+
+    /// The prefix set for the keys watched now (and `also`), made the registered one.
+    fn rebuild(&mut self, also: Option<&str>) -> Register {
+        let set = minimal(self.keys.keys().cloned().chain(also.map(str::to_string)));
+        self.registered = set.iter().cloned().collect();
+        Register::Rebuild(set)
+    }
+
+    /// A new connection (or a reconnect): everything must be registered again, and every key
+    /// re-read (changes while it was down were not pushed).
+    pub(crate) fn connected(&mut self) -> Vec<String> {
+        self.in_flight.clear();
+        self.due.clear();
+        let registered = std::mem::take(&mut self.registered);
+        let set = minimal(self.keys.keys().cloned().chain(registered));
+        self.registered = set.iter().cloned().collect();
+        set
+    }
+
+    /// An invalidation (`None`: every key). Returns the watched keys to re-read now; others
+    /// are due later ([`Watch::next_due`]).
+    pub(crate) fn invalidated(&mut self, keys: Option<Vec<String>>, now: Instant) -> Vec<String> {
+        let keys: Vec<String> = match keys {
+            Some(keys) => keys
+                .into_iter()
+                .filter(|k| self.keys.contains_key(k))
+                .collect(),
+            None => self.keys(),
+        };
+        let mut now_keys = Vec::new();
+        for k in keys {
+            if self.in_flight.contains(&k) || self.too_soon(&k, now) {
+                self.due.insert(k);
+            } else {
+                self.in_flight.insert(k.clone());
+                self.last_read.insert(k.clone(), now);
+                now_keys.push(k);
+            }
+        }
+        now_keys
+    }
+
+    fn too_soon(&self, key: &str, now: Instant) -> bool {
+        self.last_read
+            .get(key)
+            .is_some_and(|t| now.saturating_duration_since(*t) < RECHECK_SPACING)
+    }
+
+    /// The re-read of `key` came back (or failed).
+    pub(crate) fn read(&mut self, key: &str) {
+        self.in_flight.remove(key);
+    }
+
+    /// When the next due re-read may go out, if any is due.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.due
+            .iter()
+            .filter(|k| !self.in_flight.contains(*k))
+            .map(|k| {
+                self.last_read
+                    .get(k)
+                    .map_or_else(Instant::now, |t| *t + RECHECK_SPACING)
+            })
+            .min()
+    }
+
+    /// The due keys that may be re-read at `now`.
+    pub(crate) fn due_now(&mut self, now: Instant) -> Vec<String> {
+        let ready: Vec<String> = self
+            .due
+            .iter()
+            .filter(|k| !self.in_flight.contains(*k) && !self.too_soon(k, now))
+            .cloned()
+            .collect();
+        for k in &ready {
+            self.due.remove(k);
+            self.in_flight.insert(k.clone());
+            self.last_read.insert(k.clone(), now);
+        }
+        ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_never_overlap_and_cover_every_watched_key() {
+        let mut w = Watch::default();
+        let mut add = |w: &mut Watch, k: &str| {
+            let r = w.cover(k);
+            w.watch(k);
+            r
+        };
+        assert_eq!(add(&mut w, "lock:ab"), Register::Add("lock:ab".into()));
+        assert_eq!(add(&mut w, "lock:ab"), Register::Nothing, "already covered");
+        assert_eq!(
+            add(&mut w, "lock:abc"),
+            Register::Nothing,
+            "covered by lock:ab"
+        );
+        // A key that is a prefix of a registered one: start over with the minimal set.
+        assert_eq!(
+            add(&mut w, "lock:a"),
+            Register::Rebuild(vec!["lock:a".into()])
+        );
+        assert_eq!(add(&mut w, "other"), Register::Add("other".into()));
+        let mut set: Vec<String> = w.registered.iter().cloned().collect();
+        set.sort();
+        assert_eq!(set, vec!["lock:a".to_string(), "other".to_string()]);
+    }
+
+    #[test]
+    fn stale_prefixes_are_dropped_once_many() {
+        let mut w = Watch::default();
+        let add = |w: &mut Watch, k: &str| {
+            w.cover(k);
+            w.watch(k);
+        };
+        add(&mut w, "kept");
+        for i in 0..MAX_STALE {
+            add(&mut w, &format!("k{i:04}"));
+            assert_eq!(w.unwatch(&format!("k{i:04}")), Register::Nothing);
+        }
+        add(&mut w, "k9999");
+        match w.unwatch("k9999") {
+            Register::Rebuild(set) => assert_eq!(set, vec!["kept".to_string()]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rereads_are_coalesced_and_spaced() {
+        let mut w = Watch::default();
+        for k in ["a", "b"] {
+            w.cover(k);
+            w.watch(k);
+        }
+        let t = Instant::now();
+        assert_eq!(
+            w.invalidated(Some(vec!["a".into(), "zzz".into()]), t),
+            vec!["a"]
+        );
+        // Changed again while its read is out: due after it.
+        assert!(w.invalidated(Some(vec!["a".into()]), t).is_empty());
+        w.read("a");
+        assert!(w.due_now(t).is_empty(), "spaced");
+        let later = t + RECHECK_SPACING;
+        assert_eq!(w.due_now(later), vec!["a"]);
+        // A flush names no key: every watched key.
+        let mut all = w.invalidated(None, later + RECHECK_SPACING);
+        all.sort();
+        assert_eq!(all, vec!["b"], "a is still in flight");
+    }
+
+    #[test]
+    fn invalidation_pushes_are_read_or_refused() {
+        let keys = vec![Value::Array(vec![Value::BulkString(b"k".to_vec())])];
+        assert_eq!(invalidated_keys(true, &keys), Some(Some(vec!["k".into()])));
+        assert_eq!(invalidated_keys(true, &[Value::Nil]), Some(None));
+        assert_eq!(invalidated_keys(false, &keys), None);
+        assert_eq!(invalidated_keys(true, &[Value::Int(1)]), None);
+    }
+}
