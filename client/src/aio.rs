@@ -107,15 +107,20 @@ impl Conn {
                     port: *port,
                 };
                 if !*asking {
-                    return c.route_command(cmd, RoutingInfo::SingleNode(node)).await;
+                    return c
+                        .route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+                        .await;
                 }
                 let mut pipe = redis::pipe();
                 pipe.cmd("ASKING").add_command(cmd.clone());
-                let mut replies = c.route_pipeline(&pipe, 1, 1, node).await?;
+                let mut replies = c.route_pipeline(pipe, 1, 1, node).await?;
                 replies
                     .pop()
                     .ok_or_else(|| {
-                        redis::RedisError::from((redis::ErrorKind::ResponseError, "no reply"))
+                        redis::RedisError::from((
+                            redis::ServerErrorKind::ResponseError.into(),
+                            "no reply",
+                        ))
                     })?
                     .extract_error()
             }
@@ -154,9 +159,9 @@ impl Route {
             })
         };
         match e.kind() {
-            redis::ErrorKind::TryAgain => Some(Route::BySlot),
-            redis::ErrorKind::Ask => to(true),
-            redis::ErrorKind::Moved => to(false),
+            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) => Some(Route::BySlot),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => to(true),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => to(false),
             _ => None,
         }
     }
@@ -204,11 +209,11 @@ impl Inner {
         let connect = async {
             match &self.target {
                 Target::Single(client) => {
-                    let mut config =
-                        AsyncConnectionConfig::new().set_connection_timeout(self.timeout);
-                    if !dedicated {
-                        config = config.set_response_timeout(self.timeout);
-                    }
+                    // redis 1.x gives a response timeout by default (500 ms): a dedicated
+                    // connection must have none.
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.timeout))
+                        .set_response_timeout((!dedicated).then_some(self.timeout));
                     client
                         .get_multiplexed_async_connection_with_config(&config)
                         .await
@@ -225,7 +230,7 @@ impl Inner {
         match tokio::time::timeout(self.timeout * 4, connect).await {
             Ok(r) => r,
             Err(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::IoError,
+                redis::ErrorKind::Io,
                 "connect timed out",
             ))),
         }
@@ -438,7 +443,11 @@ impl AsyncLockClient {
     /// A client over an existing `redis::Client` (its address, login, database and TLS
     /// settings; for instance one made with `redis::Client::build_with_tls`).
     pub fn from_client(client: redis::Client, timeout: Duration) -> Self {
-        let name = client.get_connection_info().addr.to_string();
+        let name = client.get_connection_info().addr().to_string();
+        // No CLIENT SETINFO on each new connection (a round trip more for every wait).
+        let info = client.get_connection_info().clone();
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let client = redis::Client::open(info.set_redis_settings(settings)).unwrap_or(client);
         Self::with_target(Target::Single(client), name, timeout)
     }
 

@@ -1647,7 +1647,7 @@ mod tests {
         // How the `redis` crate hands over `-ERR the semaphore has another capacity ...`: its
         // Display starts with a description, not with `ERR`.
         let e = redis::RedisError::from((
-            redis::ErrorKind::ResponseError,
+            redis::ServerErrorKind::ResponseError.into(),
             "An error was signalled by the server",
             "the semaphore has another capacity (LOCK.INFO shows it)".to_string(),
         ));
@@ -1657,7 +1657,7 @@ mod tests {
             Outcome::CapacityMismatch(_)
         ));
         let e = redis::RedisError::from((
-            redis::ErrorKind::ResponseError,
+            redis::ServerErrorKind::ResponseError.into(),
             "An error was signalled by the server",
             "ttl must be between 1 and 140737488355328 milliseconds".to_string(),
         ));
@@ -1703,7 +1703,7 @@ mod tests {
             .args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => b.to_vec(),
-                redis::Arg::Cursor => Vec::new(),
+                _ => Vec::new(),
             })
             .collect();
         let expected: Vec<&[u8]> = vec![
