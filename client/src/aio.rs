@@ -456,6 +456,7 @@ impl AsyncLockClient {
     /// and `ASK` are followed. Every master must load the module. [`Acquire::min_replicas`]
     /// is refused.
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster<S: AsRef<str>>(nodes: &[S], timeout: Duration) -> redis::RedisResult<Self> {
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
         let shared = redis::cluster::ClusterClient::builder(nodes.clone())

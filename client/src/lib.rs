@@ -201,8 +201,20 @@
 //! ```
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// The `redis` crate this one is built on: the public API takes and returns its types
+/// (`redis::Client`, `ConnectionInfo`, `RedisError`, `Value`), so use them from here to get the
+/// same version.
+pub use redis;
+
+// The README's examples, compiled as doctests (the crate docs above are their own).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub mod aio;
 mod bound;
 mod guard;
@@ -474,7 +486,8 @@ impl Acquire {
 ///
 /// When enough instances answered but some refused the request with an error, the variant is
 /// the most specific refusal any of them gave: `Deadlock`, then `WrongKind`, then
-/// `CapacityMismatch`, then `Refused` for any other error (`WRONGTYPE`, `MAXWAITERS`, ...).
+/// `CapacityMismatch`, then `MaxWaiters`, then `NotOwner`, then `Refused` for any other error
+/// (`WRONGTYPE`, ...).
 /// None of these is retried by [`Redlock`]: the request itself is at fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockError {
