@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use redis::TlsCertificates;
 use redis_lock_client::aio::AsyncLockClient;
+use redis_lock_client::redis::{self, TlsCertificates};
 use redis_lock_client::LockClient;
 
 #[tokio::main]

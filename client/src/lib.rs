@@ -201,7 +201,6 @@
 //! ```
 
 #![warn(missing_docs)]
-#![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The protocol, once: requests, replies, errors, leases, quorum arithmetic and the Redlock
@@ -210,6 +209,11 @@
 mod proto;
 
 mod blocking;
+
+// The README's examples, compiled as doctests (the crate docs above are their own).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]

@@ -15,9 +15,7 @@ use redis_lock_client::aio::AsyncLockClient;
 use redis_lock_client::{
     Acquire, LockClient, LockError, LossCause, Outcome, OwnerIdentity, Watchdog,
 };
-use redis_lock_testkit::{
-    int, master_and_replica, query, wait_until, waiting, Server, Value, PATIENCE,
-};
+use redis_lock_testkit::{int, master_and_replica, query, wait_until, waiting, Server, PATIENCE};
 
 fn client(server: &Server) -> AsyncLockClient {
     AsyncLockClient::new(&url(server), TIMEOUT).unwrap()
@@ -560,7 +558,7 @@ async fn measure_async_acquire_latency() {
 
         let mut conn = raw.clone();
         let t = Instant::now();
-        let v: Value = redis::cmd("LOCK.ACQUIRE")
+        let v: redis::Value = redis::cmd("LOCK.ACQUIRE")
             .arg(&key)
             .arg("bare")
             .arg(10_000)
@@ -568,8 +566,8 @@ async fn measure_async_acquire_latency() {
             .await
             .unwrap();
         bare.push(t.elapsed());
-        assert!(matches!(v, Value::Int(_)));
-        let _: Value = redis::cmd("LOCK.RELEASE")
+        assert!(matches!(v, redis::Value::Int(_)));
+        let _: redis::Value = redis::cmd("LOCK.RELEASE")
             .arg(&key)
             .arg("bare")
             .query_async(&mut conn)

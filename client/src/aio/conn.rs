@@ -48,15 +48,20 @@ impl Conn {
                     port: *port,
                 };
                 if !*asking {
-                    return c.route_command(cmd, RoutingInfo::SingleNode(node)).await;
+                    return c
+                        .route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+                        .await;
                 }
                 let mut pipe = redis::pipe();
                 pipe.cmd("ASKING").add_command(cmd.clone());
-                let mut replies = c.route_pipeline(&pipe, 1, 1, node).await?;
+                let mut replies = c.route_pipeline(pipe, 1, 1, node).await?;
                 replies
                     .pop()
                     .ok_or_else(|| {
-                        redis::RedisError::from((redis::ErrorKind::ResponseError, "no reply"))
+                        redis::RedisError::from((
+                            redis::ServerErrorKind::ResponseError.into(),
+                            "no reply",
+                        ))
                     })?
                     .extract_error()
             }
@@ -95,9 +100,9 @@ impl Route {
             })
         };
         match e.kind() {
-            redis::ErrorKind::TryAgain => Some(Route::BySlot),
-            redis::ErrorKind::Ask => to(true),
-            redis::ErrorKind::Moved => to(false),
+            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) => Some(Route::BySlot),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => to(true),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => to(false),
             _ => None,
         }
     }
@@ -113,6 +118,8 @@ pub(crate) fn route_of(route: &Mutex<Route>) -> Route {
 }
 
 /// Where the client connects.
+// One per client, behind its Arc: a redis 1.x `Client` (240 bytes) inline costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Target {
     Single(redis::Client),
     #[cfg(feature = "cluster")]
@@ -152,11 +159,11 @@ impl Inner {
         let connect = async {
             match &self.target {
                 Target::Single(client) => {
-                    let mut config =
-                        AsyncConnectionConfig::new().set_connection_timeout(self.timeout);
-                    if !dedicated {
-                        config = config.set_response_timeout(self.timeout);
-                    }
+                    // redis 1.x gives a response timeout by default (500 ms): a dedicated
+                    // connection must have none.
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.timeout))
+                        .set_response_timeout((!dedicated).then_some(self.timeout));
                     client
                         .get_multiplexed_async_connection_with_config(&config)
                         .await
@@ -173,7 +180,7 @@ impl Inner {
         match tokio::time::timeout(self.timeout * 4, connect).await {
             Ok(r) => r,
             Err(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::IoError,
+                redis::ErrorKind::Io,
                 "connect timed out",
             ))),
         }
@@ -207,20 +214,23 @@ impl Inner {
     /// The shared connection of one server: RESP3, with its pushes (tracking invalidations,
     /// the library's notice of a closed connection) read by the watcher's task.
     async fn open_watched(self: &Arc<Self>, client: &redis::Client) -> redis::RedisResult<Conn> {
-        let mut info = client.get_connection_info().clone();
-        info.redis.protocol = redis::ProtocolVersion::RESP3;
-        let client = redis::Client::open(info)?;
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
             .set_push_sender(tx);
         let connect = client.get_multiplexed_async_connection_with_config(&config);
         let conn = match tokio::time::timeout(self.timeout * 4, connect).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(redis::RedisError::from((
-                    redis::ErrorKind::IoError,
+                    redis::ErrorKind::Io,
                     "connect timed out",
                 )))
             }

@@ -25,8 +25,12 @@ pub(crate) struct Watcher {
 #[derive(Default)]
 struct State {
     core: Watch,
-    /// Per key, the guards watching it (with their server index).
-    guards: HashMap<String, Vec<(usize, Weak<GuardState>)>>,
+    /// Per key, the guards watching it: server index, guard, and the number of the first
+    /// re-read that may judge it (one sent before the guard was granted may not: it could
+    /// show the key as it was before).
+    guards: HashMap<String, Vec<(usize, Weak<GuardState>, u64)>>,
+    /// Numbers the re-reads as they are sent.
+    reads_sent: u64,
     /// Tracking is not available on this server (refused, for example by an ACL): the
     /// watcher stays off and losses are found by extends and validity alone.
     off: bool,
@@ -93,11 +97,12 @@ impl Inner {
         }
         let mut state = self.watcher.state();
         state.core.watch(key);
+        let first = state.reads_sent + 1;
         state
             .guards
             .entry(key.to_string())
             .or_default()
-            .push((i, Arc::downgrade(guard)));
+            .push((i, Arc::downgrade(guard), first));
     }
 
     /// A guard of `key` is done (released or dropped).
@@ -108,7 +113,7 @@ impl Inner {
         let register = {
             let mut state = self.watcher.state();
             if let Some(list) = state.guards.get_mut(key) {
-                list.retain(|(_, w)| !std::ptr::eq(w.as_ptr(), guard));
+                list.retain(|(_, w, _)| !std::ptr::eq(w.as_ptr(), guard));
                 if list.is_empty() {
                     state.guards.remove(key);
                 }
@@ -151,6 +156,11 @@ impl Inner {
 
     /// `LOCK.INFO key`, judged by the key's guards.
     async fn reread(self: &Arc<Self>, key: &str) {
+        let number = {
+            let mut state = self.watcher.state();
+            state.reads_sent += 1;
+            state.reads_sent
+        };
         let reply = self.short(&info_cmd(key)).await;
         let guards: Vec<(usize, Arc<GuardState>)> = {
             let mut state = self.watcher.state();
@@ -160,7 +170,8 @@ impl Inner {
                 .get(key)
                 .map(|l| {
                     l.iter()
-                        .filter_map(|(i, w)| Some((*i, w.upgrade()?)))
+                        .filter(|(_, _, first)| *first <= number)
+                        .filter_map(|(i, w, _)| Some((*i, w.upgrade()?)))
                         .collect()
                 })
                 .unwrap_or_default()

@@ -82,14 +82,17 @@ impl Instance {
     }
 
     /// The same from parsed connection settings (as a `redis::Client` holds them).
-    pub(crate) fn from_info(
-        mut info: ConnectionInfo,
-        timeout: Duration,
-    ) -> Result<Self, LockError> {
-        let username = info.redis.username.take();
-        let password = info.redis.password.take();
-        let db = std::mem::take(&mut info.redis.db);
-        let name = format!("{}", info.addr);
+    pub(crate) fn from_info(info: ConnectionInfo, timeout: Duration) -> Result<Self, LockError> {
+        let settings = info.redis_settings();
+        let username = settings.username().map(str::to_owned);
+        let password = settings.password().map(str::to_owned);
+        let db = settings.db();
+        let name = format!("{}", info.addr());
+        // Login and database are left to `connect`; no CLIENT SETINFO is sent.
+        let settings = redis::RedisConnectionInfo::default()
+            .set_protocol(settings.protocol())
+            .set_skip_set_lib_name();
+        let info = info.set_redis_settings(settings);
         Ok(Instance {
             name,
             client: Client::open(info).map_err(|e| LockError::Config {
@@ -117,7 +120,7 @@ impl Instance {
 
     /// Where the server listens.
     pub(crate) fn addr(&self) -> &redis::ConnectionAddr {
-        &self.client.get_connection_info().addr
+        self.client.get_connection_info().addr()
     }
 
     /// The AUTH (user, password) and SELECT (db) a new connection sends.

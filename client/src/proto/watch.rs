@@ -119,10 +119,6 @@ impl Watch {
         self.keys.keys().cloned().collect()
     }
 
-    pub(crate) fn is_watched(&self, key: &str) -> bool {
-        self.keys.contains_key(key)
-    }
-
     fn covered(&self, key: &str) -> bool {
         // In a set where no member is a prefix of another, the only member that can be a
         // prefix of `key` is the greatest one at or before it (every string between a prefix
