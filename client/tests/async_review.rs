@@ -113,8 +113,15 @@ fn a_try_acquire_granted_after_it_was_cancelled_is_released() {
     let client = AsyncLockClient::new(&url(&server), TIMEOUT).unwrap();
     let mut c = server.client();
     rt.block_on(async {
-        // The shared connection is open, so one poll sends the request.
-        assert!(client.info("t").await.unwrap().is_none());
+        // The shared connection is open and its tracking covers the key (it was locked
+        // before), so one poll sends the request.
+        client
+            .try_lock("t", TTL)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
         let mut fut = Box::pin(client.try_lock("t", TTL));
         assert!(poll_once(&mut fut).await.is_none());
         // The connection's driver writes it and reads the grant; the future is never polled
@@ -133,10 +140,14 @@ fn an_async_redlock_acquire_cancelled_after_its_grants_releases_them() {
     let urls: Vec<String> = servers.iter().map(url).collect();
     let redlock = AsyncRedlock::new(&urls, TIMEOUT).unwrap();
     rt.block_on(async {
-        // Open every shared connection first.
-        for (_, r) in redlock.info("warm").await {
-            assert!(r.unwrap().is_none());
-        }
+        // Open every shared connection and cover the key first (it was locked before).
+        redlock
+            .acquire("r", Acquire::write(TTL))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
         let mut fut = Box::pin(redlock.acquire("r", Acquire::write(TTL)));
         assert!(poll_once(&mut fut).await.is_none());
         for s in &servers {

@@ -88,13 +88,36 @@ impl GuardState {
     }
 
     /// A watcher's re-read of the key on server `i`: records and signals a loss it shows.
-    pub(crate) fn check_info(&self, i: usize, info: &Option<crate::LockInfo>) {
+    pub(crate) fn check_info(self: &Arc<Self>, i: usize, info: &Option<crate::LockInfo>) {
         if self.released.load(Ordering::SeqCst) {
             return;
         }
-        if self.hold.check_info(i, info).is_some() {
-            self.signal();
+        let Some(cause) = self.hold.loss_in_info(i, info) else {
+            return;
+        };
+        let causes = self.hold.info_causes(i, cause);
+        if self.bound.is_none() {
+            self.lost(cause, causes);
+            return;
         }
+        // A bound hold: if its connection is what closed, that is the cause to report (the
+        // server deleted the key because of it).
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let closed = match &me.bound {
+                Some(bound) => {
+                    let (replies, closed) = me.send(redis::cmd("PING"), None).await;
+                    drop(replies);
+                    closed || bound.lock().await.is_none()
+                }
+                None => false,
+            };
+            if closed {
+                me.lost(LossCause::ConnectionClosed, Vec::new());
+            } else {
+                me.lost(cause, causes);
+            }
+        });
     }
 
     /// Stops watching the key (the guard is done).

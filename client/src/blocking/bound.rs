@@ -39,20 +39,36 @@ pub const BOUND_CLIENT_NAME: &str = "redis-lock:bound";
 /// A reply line longer than this is not one of ours: the connection is given up.
 const MAX_LINE: usize = 64 * 1024;
 
-enum Stream {
+pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
 impl Stream {
-    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+    /// A second handle on the same socket (one thread reads while others write).
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        match self {
+            Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
+            Stream::Unix(s) => s.try_clone().map(Stream::Unix),
+        }
+    }
+
+    /// Closes both directions (a thread blocked reading it wakes up).
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(d),
             Stream::Unix(s) => s.set_read_timeout(d),
         }
     }
 
-    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(d),
             Stream::Unix(s) => s.set_write_timeout(d),
@@ -142,29 +158,7 @@ pub(crate) struct BoundLink {
 
 impl BoundLink {
     fn connect(instance: &Instance) -> io::Result<Stream> {
-        let timeout = instance.timeout();
-        match instance.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let mut last = None;
-                for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, timeout) {
-                        Ok(s) => {
-                            s.set_nodelay(true)?;
-                            return Ok(Stream::Tcp(s));
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
-                Err(last.unwrap_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "no address for the host")
-                }))
-            }
-            ConnectionAddr::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
-            other => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("bound connections do not support {other}"),
-            )),
-        }
+        connect_stream(instance.addr(), instance.timeout())
     }
 
     /// Reads one line, waiting until `deadline` at most (`None`: no limit).
@@ -345,6 +339,33 @@ impl Wire for BoundLink {
             Err(ReadFail::Timeout) => timed_out(self),
             Err(ReadFail::Broken(e)) => Err((Outcome::Unreachable(e), false)),
         }
+    }
+}
+
+/// A plain socket to the server (TCP or Unix; TLS is not supported here), connected within the
+/// instance's timeout.
+pub(crate) fn connect_stream(addr: &ConnectionAddr, timeout: Duration) -> io::Result<Stream> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) => {
+            let mut last = None;
+            for addr in (host.as_str(), *port).to_socket_addrs()? {
+                match TcpStream::connect_timeout(&addr, timeout) {
+                    Ok(s) => {
+                        s.set_nodelay(true)?;
+                        return Ok(Stream::Tcp(s));
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, "no address for the host")
+            }))
+        }
+        ConnectionAddr::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+        other => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("plain sockets do not support {other}"),
+        )),
     }
 }
 

@@ -108,6 +108,8 @@ impl LockClient {
         if request.min_replicas.is_some() {
             return self.acquire_replicated(key, owner, request, started);
         }
+        // Once granted, every change of the key by anyone else is pushed to the watcher.
+        self.servers.cover(key);
         let mut links = request.bind.then(|| no_links(1));
         let outcomes = match links.as_mut() {
             Some(links) => self

@@ -48,6 +48,19 @@ impl State {
         }
     }
 
+    /// A watcher's re-read of the key on server `i`: records and reports a loss it shows.
+    pub(crate) fn check_info(&self, i: usize, info: &Option<crate::LockInfo>) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        // A bound hold whose connection closed: that is the cause (the server deleted the key
+        // because of it).
+        self.check_links();
+        if self.hold.check_info(i, info).is_some() {
+            self.report();
+        }
+    }
+
     /// Records a loss found outside a request of the guard (its connections, a watcher), and
     /// reports it once.
     pub(crate) fn lost(&self, cause: LossCause, causes: Vec<(String, Outcome)>) {
@@ -126,6 +139,7 @@ impl State {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.servers.unwatch(self);
         let (replies, closed) = self.send(&self.hold.release_cmd(), Some(self.servers.quorum));
         if let Some(links) = &self.links {
             links.close();

@@ -33,9 +33,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::slots::{WaitSlots, DEFAULT_WAIT_CONNECTIONS};
+use super::watch::{Target as WatchTarget, WatchLink};
 use crate::proto::reply::{error_outcome, WAIT_REPLY_MARGIN};
 use crate::{LockError, Outcome};
 use redis::{Client, Cmd, Connection, ConnectionInfo, ConnectionLike, IntoConnectionInfo, Value};
+use std::sync::Arc;
 
 /// Which pool a request draws its connection from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +70,8 @@ pub(crate) struct Instance {
     blocking: Mutex<Vec<Connection>>,
     /// The cap on connections for waits ([`crate::LockClient::max_wait_connections`]).
     pub(crate) wait_slots: WaitSlots,
+    /// The short-command link with its loss watcher (see [`super::watch`]).
+    pub(crate) link: Arc<WatchLink>,
 }
 
 impl Instance {
@@ -88,6 +92,13 @@ impl Instance {
         let password = settings.password().map(str::to_owned);
         let db = settings.db();
         let name = format!("{}", info.addr());
+        let link = Arc::new(WatchLink::new(WatchTarget {
+            addr: info.addr().clone(),
+            user: username.clone(),
+            password: password.clone(),
+            db,
+            timeout: timeout.max(Duration::from_millis(1)),
+        }));
         // Login and database are left to `connect`; no CLIENT SETINFO is sent.
         let settings = redis::RedisConnectionInfo::default()
             .set_protocol(settings.protocol())
@@ -105,6 +116,7 @@ impl Instance {
             short: Mutex::new(Vec::new()),
             blocking: Mutex::new(Vec::new()),
             wait_slots: WaitSlots::new(DEFAULT_WAIT_CONNECTIONS),
+            link,
         })
     }
 
@@ -217,6 +229,38 @@ impl Wire for Connection {
     }
 }
 
+/// Short commands (answered at once): over each server's link where it is up (pipelined with
+/// the other threads' commands, and watched for losses), else over pooled connections; each
+/// reply within the server's timeout.
+fn short_commands(instances: &[Instance], cmds: &[Option<Cmd>]) -> Vec<Result<Value, Outcome>> {
+    let mut on_link: Vec<Option<std::sync::mpsc::Receiver<Result<Value, Outcome>>>> =
+        Vec::with_capacity(cmds.len());
+    let mut on_pool: Vec<Option<Cmd>> = Vec::with_capacity(cmds.len());
+    for (instance, cmd) in instances.iter().zip(cmds) {
+        let rx = cmd.as_ref().and_then(|c| instance.link.send(c));
+        on_pool.push(if rx.is_some() { None } else { cmd.clone() });
+        on_link.push(rx);
+    }
+    let mut results = if on_pool.iter().any(Option::is_some) {
+        pooled(instances, &on_pool, Kind::Short, None)
+    } else {
+        (0..cmds.len())
+            .map(|_| Err(Outcome::Unreachable("not sent".into())))
+            .collect()
+    };
+    let timeout = instances.first().map_or(Duration::ZERO, |i| i.timeout);
+    let deadline = Instant::now() + timeout + WAIT_REPLY_MARGIN;
+    for (result, rx) in results.iter_mut().zip(on_link) {
+        if let Some(rx) = rx {
+            let left = deadline.saturating_duration_since(Instant::now());
+            *result = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| Err(Outcome::Unreachable("no reply in time".into())));
+        }
+    }
+    results
+}
+
 /// Sends `cmds[i]` to `instances[i]` (where it is `Some`) for every i at once and collects the
 /// replies. `wait` is the server-side WAIT of a blocking request (`None` for a short command):
 /// the connections then come from the blocking pools and the reply deadline is lengthened by
@@ -227,11 +271,19 @@ pub(crate) fn scatter_gather(
     cmds: &[Option<Cmd>],
     wait: Option<Duration>,
 ) -> Vec<Result<Value, Outcome>> {
-    let kind = if wait.is_some() {
-        Kind::Blocking
-    } else {
-        Kind::Short
-    };
+    if wait.is_none() {
+        return short_commands(instances, cmds);
+    }
+    pooled(instances, cmds, Kind::Blocking, wait)
+}
+
+/// The commands over pooled connections of `kind`.
+fn pooled(
+    instances: &[Instance],
+    cmds: &[Option<Cmd>],
+    kind: Kind,
+    wait: Option<Duration>,
+) -> Vec<Result<Value, Outcome>> {
     // Connections owned by this request alone: nobody else waits for them, and we wait for
     // nobody.
     let mut conns: Vec<Option<Connection>> = instances

@@ -8,6 +8,7 @@ mod multi;
 mod redlock;
 mod servers;
 mod slots;
+mod watch;
 
 pub use bound::BOUND_CLIENT_NAME;
 pub use client::LockClient;

@@ -141,6 +141,7 @@ impl Redlock {
             Instant::now(),
         )?;
         let bind = attempts.request().bind;
+        self.servers.cover(key);
         // A bound request's connections, kept from one attempt to the next.
         let mut links = bind.then(|| no_links(self.servers.instances.len()));
         let mut step = attempts.start(Instant::now());

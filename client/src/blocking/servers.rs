@@ -168,8 +168,28 @@ impl Servers {
             .collect()
     }
 
-    /// Puts a new guard under the servers' loss watchers.
-    pub(crate) fn watch(&self, _state: &Arc<State>) {}
+    /// Before a request that may grant `key`: every server's tracking covers the key.
+    pub(crate) fn cover(&self, key: &str) {
+        for instance in &self.instances {
+            instance.link.cover(key);
+        }
+    }
+
+    /// Puts a new guard under the loss watchers of the servers that granted it.
+    pub(crate) fn watch(&self, state: &Arc<State>) {
+        for (i, instance) in self.instances.iter().enumerate() {
+            if state.hold.tokens.iter().any(|(j, _)| *j == i) {
+                instance.link.watch(&state.hold.key, i, state);
+            }
+        }
+    }
+
+    /// The guard is done.
+    pub(crate) fn unwatch(&self, state: &State) {
+        for instance in &self.instances {
+            instance.link.unwatch(&state.hold.key, state);
+        }
+    }
 
     pub(crate) fn named(&self, outcomes: Vec<Outcome>) -> Vec<(String, Outcome)> {
         self.instances

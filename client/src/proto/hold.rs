@@ -129,6 +129,14 @@ impl Hold {
     /// and on too many servers for a quorum. Records the loss and returns its cause the first
     /// time.
     pub(crate) fn check_info(&self, i: usize, info: &Option<LockInfo>) -> Option<LossCause> {
+        let cause = self.loss_in_info(i, info)?;
+        let causes = self.info_causes(i, cause);
+        self.lose(cause, causes).then_some(cause)
+    }
+
+    /// What [`Hold::check_info`] finds, without recording it: the cause, if `info` shows the
+    /// lock lost.
+    pub(crate) fn loss_in_info(&self, i: usize, info: &Option<LockInfo>) -> Option<LossCause> {
         let cause = super::lease::cause_from_info(info, &self.owner)?;
         let gone = {
             let mut gone = self.gone.lock().unwrap_or_else(|e| e.into_inner());
@@ -140,8 +148,12 @@ impl Hold {
         if self.names.len() - gone.min(self.names.len()) >= self.quorum() {
             return None;
         }
-        let causes = self
-            .names
+        Some(cause)
+    }
+
+    /// The causes list of a loss a re-read of server `i` found.
+    pub(crate) fn info_causes(&self, i: usize, cause: LossCause) -> Vec<(String, Outcome)> {
+        self.names
             .get(i)
             .map(|n| {
                 vec![(
@@ -149,8 +161,7 @@ impl Hold {
                     Outcome::NotOwner(format!("LOCK.INFO: {}", cause.describe())),
                 )]
             })
-            .unwrap_or_default();
-        self.lose(cause, causes).then_some(cause)
+            .unwrap_or_default()
     }
 }
 

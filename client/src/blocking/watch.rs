@@ -1,0 +1,493 @@
+//! The sync face's loss watcher and short-command link (see [`crate::proto::watch`] for the
+//! decisions).
+//!
+//! Per server, one plain socket in RESP3 with broadcast tracking and `NOLOOP` carries the
+//! client's short commands (try-acquires, extends, releases, `LOCK.INFO`), pipelined from any
+//! thread: a writer puts its reply slot in line and writes under one mutex, and one reader
+//! thread hands each reply to the slot at the front. Pushes are read by the same thread: an
+//! invalidation of a watched key is followed by a `LOCK.INFO` whose answer the key's guards
+//! judge. Because the client's own commands go over the tracking connection, they push
+//! nothing to it, so a held lock costs no more than its extends. A TLS server, or a server
+//! that refuses tracking, gets no link: short commands then use the pooled connections and a
+//! loss is found by extends and validity alone.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufReader, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, PushKind, Value};
+
+use super::bound::{connect_stream, Stream};
+use super::guard::State as GuardState;
+use crate::proto::info::LockInfo;
+use crate::proto::reply::info_cmd;
+use crate::proto::watch::{invalidated_keys, tracking_off, tracking_on, Register, Watch};
+use crate::Outcome;
+
+/// After a failed connect, the link is not tried again for this long (short commands use the
+/// pooled connections meanwhile).
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+type Reply = Result<Value, Outcome>;
+
+/// Who waits for the reply at the front of the line.
+enum Slot {
+    Caller(Sender<Reply>),
+    /// A watcher's re-read of a key, numbered.
+    Reread(String, u64),
+    /// A reply nobody needs (registration).
+    Ignore,
+}
+
+/// The writing side of the current connection and its line of reply slots.
+struct Writer {
+    stream: Stream,
+    slots: Arc<Mutex<VecDeque<Slot>>>,
+    alive: Arc<AtomicBool>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Wakes the reader thread, which then ends.
+        self.stream.shutdown();
+    }
+}
+
+#[derive(Default)]
+struct Watched {
+    core: Watch,
+    /// Per key: the guards watching it, with their server index and the first re-read
+    /// number that may judge them.
+    guards: HashMap<String, Vec<(usize, Weak<GuardState>, u64)>>,
+    reads_sent: u64,
+}
+
+/// Where and how the link connects.
+pub(crate) struct Target {
+    pub(crate) addr: redis::ConnectionAddr,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: i64,
+    pub(crate) timeout: Duration,
+}
+
+/// One server's link.
+pub(crate) struct WatchLink {
+    target: Target,
+    writer: Mutex<Option<Writer>>,
+    /// A timer thread is sleeping until the next due re-read.
+    timer: AtomicBool,
+    watched: Mutex<Watched>,
+    /// No link for this server (TLS, or tracking refused).
+    off: AtomicBool,
+    retry_at: Mutex<Option<Instant>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl WatchLink {
+    pub(crate) fn new(target: Target) -> Self {
+        let tls = !matches!(
+            target.addr,
+            redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::Unix(_)
+        );
+        WatchLink {
+            target,
+            writer: Mutex::new(None),
+            timer: AtomicBool::new(false),
+            watched: Mutex::new(Watched::default()),
+            off: AtomicBool::new(tls),
+            retry_at: Mutex::new(None),
+        }
+    }
+
+    fn is_off(&self) -> bool {
+        self.off.load(Ordering::SeqCst)
+    }
+
+    /// Sends `cmd` over the link; `None` when there is no link (the caller uses a pooled
+    /// connection). The reply comes on the receiver.
+    pub(crate) fn send(self: &Arc<Self>, cmd: &Cmd) -> Option<Receiver<Reply>> {
+        if self.is_off() {
+            return None;
+        }
+        let (tx, rx) = channel();
+        let mut writer = locked(&self.writer);
+        if writer
+            .as_ref()
+            .is_none_or(|w| !w.alive.load(Ordering::SeqCst))
+        {
+            *writer = None;
+            *writer = Some(self.connect()?);
+        }
+        let w = writer.as_mut()?;
+        locked(&w.slots).push_back(Slot::Caller(tx));
+        if w.stream.write_all(&cmd.get_packed_command()).is_err() {
+            w.alive.store(false, Ordering::SeqCst);
+            *writer = None;
+            return None;
+        }
+        Some(rx)
+    }
+
+    /// Sends a command whose reply goes to `slot`, if the link is up.
+    fn send_slot(&self, cmd: &Cmd, slot: Slot) -> bool {
+        let mut writer = locked(&self.writer);
+        let Some(w) = writer.as_mut().filter(|w| w.alive.load(Ordering::SeqCst)) else {
+            return false;
+        };
+        locked(&w.slots).push_back(slot);
+        if w.stream.write_all(&cmd.get_packed_command()).is_err() {
+            w.alive.store(false, Ordering::SeqCst);
+            *writer = None;
+            return false;
+        }
+        true
+    }
+
+    /// Opens the connection: login, RESP3, tracking of what is registered; then the reader
+    /// thread, and a re-read of every watched key (changes while it was down were not
+    /// pushed).
+    fn connect(self: &Arc<Self>) -> Option<Writer> {
+        if locked(&self.retry_at).is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        match self.handshake() {
+            Ok(w) => Some(w),
+            Err(refused) => {
+                if refused {
+                    self.off.store(true, Ordering::SeqCst);
+                }
+                *locked(&self.retry_at) = Some(Instant::now() + RETRY_AFTER);
+                None
+            }
+        }
+    }
+
+    /// `Err(true)`: the server refused something the link needs (no retry).
+    fn handshake(self: &Arc<Self>) -> Result<Writer, bool> {
+        let t = &self.target;
+        let mut stream = connect_stream(&t.addr, t.timeout).map_err(|_| false)?;
+        stream
+            .set_read_timeout(Some(t.timeout))
+            .map_err(|_| false)?;
+        stream
+            .set_write_timeout(Some(t.timeout))
+            .map_err(|_| false)?;
+        let mut hello = redis::cmd("HELLO");
+        hello.arg(3);
+        if let Some(password) = &t.password {
+            hello
+                .arg("AUTH")
+                .arg(t.user.as_deref().unwrap_or("default"))
+                .arg(password);
+        }
+        let mut setup = vec![hello];
+        if t.db != 0 {
+            let mut select = redis::cmd("SELECT");
+            select.arg(t.db);
+            setup.push(select);
+        }
+        let (prefixes, keys) = {
+            let mut w = locked(&self.watched);
+            (w.core.connected(), w.core.keys())
+        };
+        if !prefixes.is_empty() {
+            setup.push(tracking_on(&prefixes));
+        } else {
+            // Tracking on with no prefix would broadcast every key: a harmless prefix that no
+            // lock key has turns it on (so later prefixes are added, not switched on).
+            setup.push(tracking_on(&["\u{0}redis-lock-watch".to_string()]));
+        }
+        let packed: Vec<u8> = setup.iter().flat_map(|c| c.get_packed_command()).collect();
+        stream.write_all(&packed).map_err(|_| false)?;
+        let read = stream.try_clone().map_err(|_| false)?;
+        let mut reader = BufReader::new(read);
+        let mut parser = redis::Parser::new();
+        for _ in &setup {
+            match parser.parse_value(&mut reader) {
+                Ok(Value::ServerError(_)) => return Err(true),
+                Ok(_) => {}
+                Err(_) => return Err(false),
+            }
+        }
+        reader.get_ref().set_read_timeout(None).map_err(|_| false)?;
+        let slots = Arc::new(Mutex::new(VecDeque::new()));
+        let alive = Arc::new(AtomicBool::new(true));
+        let me = Arc::downgrade(self);
+        let (s, a) = (Arc::clone(&slots), Arc::clone(&alive));
+        std::thread::Builder::new()
+            .name("redis-lock-watch".into())
+            .spawn(move || read_loop(me, reader, s, a))
+            .map_err(|_| false)?;
+        let writer = Writer {
+            stream,
+            slots,
+            alive,
+        };
+        for key in keys {
+            self.reread_on(&writer, key);
+        }
+        Ok(writer)
+    }
+
+    /// A re-read of `key` over `writer` (used while the writer mutex is held).
+    fn reread_on(&self, writer: &Writer, key: String) {
+        let number = self.next_read();
+        let mut stream = match writer.stream.try_clone() {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        locked(&writer.slots).push_back(Slot::Reread(key.clone(), number));
+        if stream
+            .write_all(&info_cmd(&key).get_packed_command())
+            .is_err()
+        {
+            writer.alive.store(false, Ordering::SeqCst);
+        }
+    }
+
+    fn next_read(&self) -> u64 {
+        let mut w = locked(&self.watched);
+        w.reads_sent += 1;
+        w.reads_sent
+    }
+
+    fn reread(self: &Arc<Self>, key: String) {
+        let number = self.next_read();
+        if !self.send_slot(&info_cmd(&key), Slot::Reread(key.clone(), number)) {
+            locked(&self.watched).core.read(&key);
+        }
+    }
+
+    /// Before a request that may grant `key` goes out over the link: makes sure tracking
+    /// covers the key.
+    pub(crate) fn cover(self: &Arc<Self>, key: &str) {
+        if self.is_off() {
+            return;
+        }
+        // The link is opened first: opening registers what is registered already.
+        {
+            let mut writer = locked(&self.writer);
+            if writer
+                .as_ref()
+                .is_none_or(|w| !w.alive.load(Ordering::SeqCst))
+            {
+                *writer = None;
+                match self.connect() {
+                    Some(w) => *writer = Some(w),
+                    None => return,
+                }
+            }
+        }
+        let register = locked(&self.watched).core.cover(key);
+        self.register(register);
+    }
+
+    fn register(self: &Arc<Self>, register: Register) {
+        match register {
+            Register::Nothing => {}
+            Register::Add(prefix) => {
+                self.send_slot(&tracking_on(&[prefix]), Slot::Ignore);
+            }
+            Register::Rebuild(set) => {
+                self.send_slot(&tracking_off(), Slot::Ignore);
+                let on = if set.is_empty() {
+                    tracking_on(&["\u{0}redis-lock-watch".to_string()])
+                } else {
+                    tracking_on(&set)
+                };
+                self.send_slot(&on, Slot::Ignore);
+                let keys = locked(&self.watched).core.keys();
+                for key in keys {
+                    self.reread(key);
+                }
+            }
+        }
+    }
+
+    /// A new guard of `key` on server `i` of its guard.
+    pub(crate) fn watch(&self, key: &str, i: usize, guard: &Arc<GuardState>) {
+        if self.is_off() {
+            return;
+        }
+        let mut w = locked(&self.watched);
+        w.core.watch(key);
+        let first = w.reads_sent + 1;
+        w.guards
+            .entry(key.to_string())
+            .or_default()
+            .push((i, Arc::downgrade(guard), first));
+    }
+
+    /// A guard of `key` is done.
+    pub(crate) fn unwatch(self: &Arc<Self>, key: &str, guard: &GuardState) {
+        if self.is_off() {
+            return;
+        }
+        let register = {
+            let mut w = locked(&self.watched);
+            if let Some(list) = w.guards.get_mut(key) {
+                list.retain(|(_, g, _)| !std::ptr::eq(g.as_ptr(), guard));
+                if list.is_empty() {
+                    w.guards.remove(key);
+                }
+            }
+            w.core.unwatch(key)
+        };
+        self.register(register);
+    }
+
+    /// An invalidation push.
+    fn invalidated(self: &Arc<Self>, keys: Option<Vec<String>>) {
+        let now_keys = locked(&self.watched).core.invalidated(keys, Instant::now());
+        for key in now_keys {
+            self.reread(key);
+        }
+        self.arm_timer();
+    }
+
+    /// Keys changed again within the spacing are re-read when it is over, by a short-lived
+    /// timer thread (one at a time).
+    fn arm_timer(self: &Arc<Self>) {
+        let Some(at) = locked(&self.watched).core.next_due() else {
+            return;
+        };
+        if self.timer.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("redis-lock-watch-timer".into())
+            .spawn(move || {
+                std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                if let Some(link) = me.upgrade() {
+                    link.timer.store(false, Ordering::SeqCst);
+                    let keys = locked(&link.watched).core.due_now(Instant::now());
+                    for key in keys {
+                        link.reread(key);
+                    }
+                    link.arm_timer();
+                }
+            });
+        if spawned.is_err() {
+            self.timer.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// A re-read's answer, judged by the key's guards.
+    fn judge(self: &Arc<Self>, key: &str, number: u64, reply: Reply) {
+        let guards: Vec<(usize, Arc<GuardState>)> = {
+            let mut w = locked(&self.watched);
+            w.core.read(key);
+            w.guards
+                .get(key)
+                .map(|l| {
+                    l.iter()
+                        .filter(|(_, _, first)| *first <= number)
+                        .filter_map(|(i, g, _)| Some((*i, g.upgrade()?)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let Ok(value) = reply else {
+            return;
+        };
+        let Ok(info) = LockInfo::from_reply(&value) else {
+            return;
+        };
+        for (i, guard) in guards {
+            guard.check_info(i, &info);
+        }
+        self.arm_timer();
+    }
+}
+
+impl Drop for WatchLink {
+    fn drop(&mut self) {
+        if let Some(w) = locked(&self.writer).take() {
+            w.alive.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The reader thread of one connection: replies to their slots, pushes to the watcher. Ends
+/// when the connection closes (every waiting slot then gets `Unreachable`, and the watched
+/// keys are re-read once a new connection is up) or the link is gone.
+fn read_loop(
+    link: Weak<WatchLink>,
+    mut reader: BufReader<Stream>,
+    slots: Arc<Mutex<VecDeque<Slot>>>,
+    alive: Arc<AtomicBool>,
+) {
+    let mut parser = redis::Parser::new();
+    loop {
+        let frame = parser.parse_value(&mut reader);
+        let Some(me) = link.upgrade() else {
+            break;
+        };
+        match frame {
+            Ok(Value::Push { kind, data }) => {
+                if let Some(keys) = invalidated_keys(kind == PushKind::Invalidate, &data) {
+                    me.invalidated(keys);
+                }
+            }
+            Ok(value) => {
+                let reply = match value {
+                    Value::ServerError(e) => Err(Outcome::from_error_text(format!(
+                        "{} {}",
+                        e.code(),
+                        e.details().unwrap_or("")
+                    ))),
+                    v => Ok(v),
+                };
+                let slot = locked(&slots).pop_front();
+                match slot {
+                    Some(Slot::Caller(tx)) => {
+                        let _ = tx.send(reply);
+                    }
+                    Some(Slot::Reread(key, number)) => me.judge(&key, number, reply),
+                    Some(Slot::Ignore) | None => {}
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    alive.store(false, Ordering::SeqCst);
+    for slot in locked(&slots).drain(..) {
+        if let Slot::Caller(tx) = slot {
+            let _ = tx.send(Err(Outcome::Unreachable("connection closed".into())));
+        }
+    }
+    // While guards are watched, reconnect now rather than at the next request, so their keys
+    // are re-read (a restarted or failed-over server no longer has their holds).
+    loop {
+        let Some(me) = link.upgrade() else {
+            return;
+        };
+        if locked(&me.watched).core.keys().is_empty() || me.is_off() {
+            return;
+        }
+        let mut writer = locked(&me.writer);
+        if writer
+            .as_ref()
+            .is_some_and(|w| w.alive.load(Ordering::SeqCst))
+        {
+            return;
+        }
+        *writer = None;
+        *locked(&me.retry_at) = None;
+        if let Some(w) = me.connect() {
+            *writer = Some(w);
+            return;
+        }
+        drop(writer);
+        drop(me);
+        std::thread::sleep(RETRY_AFTER);
+    }
+}
