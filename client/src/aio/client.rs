@@ -195,7 +195,7 @@ impl AsyncLockClient {
         };
         let cmd = request.command(key, &owner, request.wait);
         // Once granted, every change of the key by anyone else is pushed to the watcher.
-        self.inner.cover(key).await;
+        let covered = self.inner.cover(key, !(request.bind || dedicated));
         let bound = request
             .wait
             .unwrap_or_default()
@@ -262,6 +262,7 @@ impl AsyncLockClient {
             vec![(0, token)],
             deadline,
             bound,
+            covered,
         );
         let Some((replicas, timeout)) = min_replicas else {
             if let Some(conn) = conn {
@@ -346,7 +347,12 @@ impl AsyncLockClient {
                     _ if !is_io(&e) => return (Some(conn), Err(error_outcome(&e))),
                     _ => return (None, Err(unreachable(&e))),
                 },
-                Err(_) => return (None, Err(Outcome::Unreachable("no reply in time".into()))),
+                Err(_) => {
+                    return (
+                        None,
+                        Err(Outcome::Unreachable(crate::proto::reply::NO_REPLY.into())),
+                    )
+                }
             }
         }
         (Some(conn), Ok(Value::Nil))

@@ -9,7 +9,7 @@ use redis::{AsyncConnectionConfig, Cmd, Value};
 
 use super::client::AsyncLockClient;
 use super::watch::{read_pushes, Watcher};
-use crate::proto::reply::{error_outcome, release_cmd, WAIT_REPLY_MARGIN};
+use crate::proto::reply::{error_outcome, release_cmd, NO_REPLY, WAIT_REPLY_MARGIN};
 use crate::{LockError, Outcome};
 
 /// Idle dedicated connections kept for waits.
@@ -29,6 +29,18 @@ impl Conn {
             Conn::Single(c) => cmd.query_async(c).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    /// A pipeline, on one server's connection (the watcher's registrations).
+    pub(crate) async fn pipeline(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => pipe.query_async(c).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => Ok(Vec::new()),
         }
     }
 
@@ -250,7 +262,28 @@ impl Inner {
     /// failure the shared connection is reopened by the next request.
     pub(crate) async fn short(self: &Arc<Self>, cmd: &Cmd) -> Result<Value, Outcome> {
         let mut conn = self.shared().await?;
-        let reply = tokio::time::timeout(self.timeout + WAIT_REPLY_MARGIN, conn.query(cmd)).await;
+        // Tracking registrations queued by the watcher go out ahead of the command, submitted
+        // first on the same connection (so the server has them before it runs the command):
+        // no round trip of their own.
+        let ahead = self.take_tracking().map(|(cmds, reread_all)| {
+            let mut pipe = redis::pipe();
+            for c in cmds {
+                pipe.add_command(c);
+            }
+            (pipe, conn.clone(), reread_all)
+        });
+        let bound = self.timeout + WAIT_REPLY_MARGIN;
+        let reply = match ahead {
+            None => tokio::time::timeout(bound, conn.query(cmd)).await,
+            Some((pipe, mut reg_conn, reread_all)) => {
+                let (registered, reply) = tokio::join!(
+                    tokio::time::timeout(bound, reg_conn.pipeline(&pipe)),
+                    tokio::time::timeout(bound, conn.query(cmd)),
+                );
+                self.tracking_sent(matches!(registered, Ok(Ok(_))), reread_all);
+                reply
+            }
+        };
         match reply {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if !is_io(&e) => Err(error_outcome(&e)),
@@ -260,7 +293,7 @@ impl Inner {
             }
             Err(_) => {
                 *self.shared.lock().await = None;
-                Err(Outcome::Unreachable("no reply in time".into()))
+                Err(Outcome::Unreachable(NO_REPLY.into()))
             }
         }
     }
@@ -345,9 +378,7 @@ pub(crate) fn is_io(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
-pub(crate) fn unreachable(e: &redis::RedisError) -> Outcome {
-    Outcome::Unreachable(e.to_string())
-}
+pub(crate) use crate::proto::reply::unreachable;
 
 /// A command on a dedicated connection, with its reply bounded by `bound`. `Ok(conn)` with the
 /// result when the connection can carry another request.
@@ -360,7 +391,7 @@ pub(crate) async fn on_dedicated(
         Ok(Ok(v)) => (Some(conn), Ok(v)),
         Ok(Err(e)) if !is_io(&e) => (Some(conn), Err(error_outcome(&e))),
         Ok(Err(e)) => (None, Err(unreachable(&e))),
-        Err(_) => (None, Err(Outcome::Unreachable("no reply in time".into()))),
+        Err(_) => (None, Err(Outcome::Unreachable(NO_REPLY.into()))),
     }
 }
 

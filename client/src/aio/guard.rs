@@ -61,7 +61,9 @@ impl GuardState {
             }
             // A slow server is no reason to close the connection (that would end the hold).
             Err(_) => (
-                vec![Err(Outcome::Unreachable("no reply in time".into()))],
+                vec![Err(Outcome::Unreachable(
+                    crate::proto::reply::NO_REPLY.into(),
+                ))],
                 false,
             ),
         }
@@ -253,6 +255,7 @@ impl AsyncLockGuard {
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
         bound: Option<Conn>,
+        covered: bool,
     ) -> Self {
         let (tx, rx) = watch::channel(false);
         let names = clients.iter().map(|c| c.inner.name.clone()).collect();
@@ -267,7 +270,7 @@ impl AsyncLockGuard {
         });
         for (i, client) in state.clients.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                client.inner.watch(key, i, &state);
+                client.inner.watch(key, i, &state, covered);
             }
         }
         let watchdog = match (tokio::runtime::Handle::try_current(), request.watchdog) {

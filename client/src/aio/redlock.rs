@@ -134,12 +134,9 @@ impl AsyncRedlock {
     /// Carries out the steps of `attempts` until a guard or a failure.
     async fn run(&self, key: &str, attempts: &mut Attempts) -> Result<AsyncLockGuard, LockError> {
         // Once granted, every change of the key by anyone else is pushed to the watchers.
-        let mut covering = tokio::task::JoinSet::new();
         for client in self.clients.iter() {
-            let (client, key) = (client.clone(), key.to_string());
-            covering.spawn(async move { client.inner.cover(&key).await });
+            client.inner.cover(key, true);
         }
-        while covering.join_next().await.is_some() {}
         let mut step = attempts.start(Instant::now());
         loop {
             step = match step {
@@ -168,7 +165,9 @@ impl AsyncRedlock {
                         grant.tokens,
                         grant.valid_until,
                         None,
-                    ))
+                        // A queued round's grant came over a wait connection.
+                        attempts.request().wait.is_none(),
+                    ));
                 }
                 Step::Failed(e) => return Err(e),
             };

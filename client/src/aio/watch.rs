@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use redis::{PushInfo, PushKind};
+use redis::{Cmd, PushInfo, PushKind};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::conn::{Inner, Target};
@@ -34,6 +34,10 @@ struct State {
     /// Tracking is not available on this server (refused, for example by an ACL): the
     /// watcher stays off and losses are found by extends and validity alone.
     off: bool,
+    /// Registrations to send ahead of the next command on the shared connection.
+    pending: Vec<Cmd>,
+    /// After them, re-read every watched key (a rebuild: changes in between were not pushed).
+    reread_all: bool,
 }
 
 impl Watcher {
@@ -47,39 +51,77 @@ impl Inner {
         matches!(self.target, Target::Single(_)) && !self.watcher.state().off
     }
 
-    /// Before a request that may grant `key` goes out over the shared connection: makes sure
-    /// the connection's tracking covers the key (one command the first time a key is used).
-    pub(crate) async fn cover(self: &Arc<Self>, key: &str) {
+    /// Before a request that may grant `key` goes out: makes sure the shared connection's
+    /// tracking covers the key. The registration (if the key is new) is sent ahead of the
+    /// next command on the shared connection, in one write with it, so it costs no round trip
+    /// of its own. True when the request goes over the shared connection (`shared`): its
+    /// grant is then certainly covered; a grant on another connection is re-read once the
+    /// guard exists.
+    pub(crate) fn cover(self: &Arc<Self>, key: &str, shared: bool) -> bool {
         if !self.watches() {
-            return;
-        }
-        // Open the connection first: opening registers what is registered already.
-        if self.shared().await.is_err() {
-            return;
+            return false;
         }
         let register = self.watcher.state().core.cover(key);
-        self.register(register).await;
-    }
-
-    async fn register(self: &Arc<Self>, register: Register) {
         match register {
             Register::Nothing => {}
-            Register::Add(prefix) => {
-                if self.short(&tracking_on(&[prefix])).await.is_err() {
-                    self.watcher_off();
-                }
-            }
-            Register::Rebuild(set) => {
-                let _ = self.short(&tracking_off()).await;
-                if !set.is_empty() && self.short(&tracking_on(&set)).await.is_err() {
-                    self.watcher_off();
-                    return;
-                }
-                // Changes between off and on were not pushed.
-                let keys = self.watcher.state().core.keys();
-                for key in keys {
-                    self.spawn_reread(key);
-                }
+            Register::Add(prefix) => self.queue_tracking(vec![tracking_on(&[prefix])], false),
+            Register::Rebuild(set) => self.queue_rebuild(set),
+        }
+        if !shared {
+            // Nothing else may go over the shared connection soon: send it now.
+            self.flush_tracking();
+        }
+        shared
+    }
+
+    fn queue_tracking(&self, cmds: Vec<Cmd>, reread_all: bool) {
+        let mut state = self.watcher.state();
+        state.pending.extend(cmds);
+        state.reread_all |= reread_all;
+    }
+
+    fn queue_rebuild(&self, set: Vec<String>) {
+        let mut cmds = vec![tracking_off()];
+        if !set.is_empty() {
+            cmds.push(tracking_on(&set));
+        }
+        // Changes between off and on were not pushed.
+        self.queue_tracking(cmds, true);
+    }
+
+    /// Sends the queued registrations on their own (from a task).
+    fn flush_tracking(self: &Arc<Self>) {
+        if self.watcher.state().pending.is_empty() {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let me = Arc::clone(self);
+            rt.spawn(async move {
+                let _ = me.short(&redis::cmd("PING")).await;
+            });
+        }
+    }
+
+    /// The registrations to send ahead of the next command, if any.
+    pub(crate) fn take_tracking(&self) -> Option<(Vec<Cmd>, bool)> {
+        let mut state = self.watcher.state();
+        if state.pending.is_empty() {
+            return None;
+        }
+        let reread_all = std::mem::take(&mut state.reread_all);
+        Some((std::mem::take(&mut state.pending), reread_all))
+    }
+
+    /// What the server answered to registrations sent ahead of a command.
+    pub(crate) fn tracking_sent(self: &Arc<Self>, ok: bool, reread_all: bool) {
+        if !ok {
+            self.watcher_off();
+            return;
+        }
+        if reread_all {
+            let keys = self.watcher.state().core.keys();
+            for key in keys {
+                self.spawn_reread(key);
             }
         }
     }
@@ -90,8 +132,15 @@ impl Inner {
         self.watcher.state().off = true;
     }
 
-    /// A new guard of `key` on server `i` of its guard.
-    pub(crate) fn watch(self: &Arc<Self>, key: &str, i: usize, guard: &Arc<GuardState>) {
+    /// A new guard of `key` on server `i` of its guard; `covered`: its grant came over the
+    /// shared connection with tracking on (otherwise the key is re-read once now).
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        key: &str,
+        i: usize,
+        guard: &Arc<GuardState>,
+        covered: bool,
+    ) {
         if !self.watches() {
             return;
         }
@@ -103,6 +152,10 @@ impl Inner {
             .entry(key.to_string())
             .or_default()
             .push((i, Arc::downgrade(guard), first));
+        drop(state);
+        if !covered {
+            self.spawn_reread(key.to_string());
+        }
     }
 
     /// A guard of `key` is done (released or dropped).
@@ -120,11 +173,9 @@ impl Inner {
             }
             state.core.unwatch(key)
         };
-        if register != Register::Nothing {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let me = Arc::clone(self);
-                rt.spawn(async move { me.register(register).await });
-            }
+        if let Register::Rebuild(set) = register {
+            self.queue_rebuild(set);
+            self.flush_tracking();
         }
     }
 
@@ -136,6 +187,9 @@ impl Inner {
         }
         let (set, keys) = {
             let mut state = self.watcher.state();
+            // What was queued is in the set registered now.
+            state.pending.clear();
+            state.reread_all = false;
             (state.core.connected(), state.core.keys())
         };
         if !set.is_empty() && conn.query(&tracking_on(&set)).await.is_err() {

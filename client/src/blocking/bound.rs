@@ -319,7 +319,7 @@ impl Wire for BoundLink {
             // This request's reply is owed too now.
             link.pending += 1;
             Err((
-                Outcome::Unreachable("timed out waiting for the reply".into()),
+                Outcome::Unreachable(crate::proto::reply::NO_REPLY.into()),
                 true,
             ))
         };

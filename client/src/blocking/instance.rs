@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use super::slots::{WaitSlots, DEFAULT_WAIT_CONNECTIONS};
 use super::watch::{Target as WatchTarget, WatchLink};
-use crate::proto::reply::{error_outcome, WAIT_REPLY_MARGIN};
+use crate::proto::reply::{error_outcome, unreachable, NO_REPLY, WAIT_REPLY_MARGIN};
 use crate::{LockError, Outcome};
 use redis::{Client, Cmd, Connection, ConnectionInfo, ConnectionLike, IntoConnectionInfo, Value};
 use std::sync::Arc;
@@ -221,7 +221,7 @@ impl Wire for Connection {
             .and_then(|_| self.recv_response())
             .map_err(|e| {
                 if is_io(&e) {
-                    (Outcome::Unreachable(e.to_string()), false)
+                    (unreachable(&e), false)
                 } else {
                     (error_outcome(&e), false)
                 }
@@ -255,7 +255,7 @@ fn short_commands(instances: &[Instance], cmds: &[Option<Cmd>]) -> Vec<Result<Va
             let left = deadline.saturating_duration_since(Instant::now());
             *result = rx
                 .recv_timeout(left)
-                .unwrap_or_else(|_| Err(Outcome::Unreachable("no reply in time".into())));
+                .unwrap_or_else(|_| Err(Outcome::Unreachable(NO_REPLY.into())));
         }
     }
     results

@@ -141,7 +141,9 @@ impl Redlock {
             Instant::now(),
         )?;
         let bind = attempts.request().bind;
-        self.servers.cover(key);
+        let covered = self
+            .servers
+            .cover(key, !bind && attempts.request().wait.is_none());
         // A bound request's connections, kept from one attempt to the next.
         let mut links = bind.then(|| no_links(self.servers.instances.len()));
         let mut step = attempts.start(Instant::now());
@@ -195,6 +197,7 @@ impl Redlock {
                         grant.tokens,
                         grant.valid_until,
                         kept,
+                        &covered,
                     ));
                 }
                 // A bound request's connections close here; its failed attempts were released.

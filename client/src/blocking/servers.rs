@@ -168,18 +168,23 @@ impl Servers {
             .collect()
     }
 
-    /// Before a request that may grant `key`: every server's tracking covers the key.
-    pub(crate) fn cover(&self, key: &str) {
-        for instance in &self.instances {
-            instance.link.cover(key);
-        }
+    /// Before a request that may grant `key`: every server's tracking covers the key; per
+    /// server, whether the grant is certainly covered (`short`: the request goes over the
+    /// short-command link).
+    pub(crate) fn cover(&self, key: &str, short: bool) -> Vec<bool> {
+        self.instances
+            .iter()
+            .map(|instance| instance.link.cover(key, short))
+            .collect()
     }
 
-    /// Puts a new guard under the loss watchers of the servers that granted it.
-    pub(crate) fn watch(&self, state: &Arc<State>) {
+    /// Puts a new guard under the loss watchers of the servers that granted it (`covered`:
+    /// see [`Servers::cover`]).
+    pub(crate) fn watch(&self, state: &Arc<State>, covered: &[bool]) {
         for (i, instance) in self.instances.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                instance.link.watch(&state.hold.key, i, state);
+                let covered = covered.get(i).copied().unwrap_or(false);
+                instance.link.watch(&state.hold.key, i, state, covered);
             }
         }
     }

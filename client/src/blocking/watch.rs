@@ -80,6 +80,8 @@ pub(crate) struct WatchLink {
     writer: Mutex<Option<Writer>>,
     /// A timer thread is sleeping until the next due re-read.
     timer: AtomicBool,
+    /// A thread is opening the connection.
+    connecting: AtomicBool,
     watched: Mutex<Watched>,
     /// No link for this server (TLS, or tracking refused).
     off: AtomicBool,
@@ -100,6 +102,7 @@ impl WatchLink {
             target,
             writer: Mutex::new(None),
             timer: AtomicBool::new(false),
+            connecting: AtomicBool::new(false),
             watched: Mutex::new(Watched::default()),
             off: AtomicBool::new(tls),
             retry_at: Mutex::new(None),
@@ -122,8 +125,11 @@ impl WatchLink {
             .as_ref()
             .is_none_or(|w| !w.alive.load(Ordering::SeqCst))
         {
+            // Never connect in a caller's request: the pooled connections serve meanwhile.
             *writer = None;
-            *writer = Some(self.connect()?);
+            drop(writer);
+            self.connect_in_background();
+            return None;
         }
         let w = writer.as_mut()?;
         locked(&w.slots).push_back(Slot::Caller(tx));
@@ -265,28 +271,53 @@ impl WatchLink {
         }
     }
 
-    /// Before a request that may grant `key` goes out over the link: makes sure tracking
-    /// covers the key.
-    pub(crate) fn cover(self: &Arc<Self>, key: &str) {
+    /// Before a request that may grant `key` goes out: makes sure tracking covers the key
+    /// (the registration is written ahead of the request, never waited for). True when the
+    /// request goes over the link (`short`) and the link is up: the grant is then certainly
+    /// covered. Otherwise the guard's key is re-read once it exists; a link that is down is
+    /// opened in the background (a request never waits for it).
+    pub(crate) fn cover(self: &Arc<Self>, key: &str, short: bool) -> bool {
         if self.is_off() {
-            return;
-        }
-        // The link is opened first: opening registers what is registered already.
-        {
-            let mut writer = locked(&self.writer);
-            if writer
-                .as_ref()
-                .is_none_or(|w| !w.alive.load(Ordering::SeqCst))
-            {
-                *writer = None;
-                match self.connect() {
-                    Some(w) => *writer = Some(w),
-                    None => return,
-                }
-            }
+            return false;
         }
         let register = locked(&self.watched).core.cover(key);
+        let up = locked(&self.writer)
+            .as_ref()
+            .is_some_and(|w| w.alive.load(Ordering::SeqCst));
+        if !up {
+            // Opening it registers everything registered, this key included.
+            self.connect_in_background();
+            return false;
+        }
         self.register(register);
+        short
+    }
+
+    /// Opens the link from a thread of its own (one at a time).
+    fn connect_in_background(self: &Arc<Self>) {
+        if self.connecting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("redis-lock-watch-connect".into())
+            .spawn(move || {
+                if let Some(link) = me.upgrade() {
+                    let mut writer = locked(&link.writer);
+                    if writer
+                        .as_ref()
+                        .is_none_or(|w| !w.alive.load(Ordering::SeqCst))
+                    {
+                        *writer = None;
+                        *writer = link.connect();
+                    }
+                    drop(writer);
+                    link.connecting.store(false, Ordering::SeqCst);
+                }
+            });
+        if spawned.is_err() {
+            self.connecting.store(false, Ordering::SeqCst);
+        }
     }
 
     fn register(self: &Arc<Self>, register: Register) {
@@ -311,8 +342,15 @@ impl WatchLink {
         }
     }
 
-    /// A new guard of `key` on server `i` of its guard.
-    pub(crate) fn watch(&self, key: &str, i: usize, guard: &Arc<GuardState>) {
+    /// A new guard of `key` on server `i` of its guard; `covered`: its grant was covered by
+    /// tracking (otherwise the key is re-read once now).
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        key: &str,
+        i: usize,
+        guard: &Arc<GuardState>,
+        covered: bool,
+    ) {
         if self.is_off() {
             return;
         }
@@ -323,6 +361,10 @@ impl WatchLink {
             .entry(key.to_string())
             .or_default()
             .push((i, Arc::downgrade(guard), first));
+        drop(w);
+        if !covered {
+            self.reread(key.to_string());
+        }
     }
 
     /// A guard of `key` is done.

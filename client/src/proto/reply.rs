@@ -74,6 +74,27 @@ impl Outcome {
     }
 }
 
+/// What a request that got no reply reads as, in both faces.
+pub(crate) const NO_REPLY: &str = "no reply in time";
+
+/// A failure to reach a server, worded the same by both faces (a timed-out read is
+/// [`NO_REPLY`] whether the socket said "timed out" or "resource temporarily unavailable").
+pub(crate) fn unreachable(e: &redis::RedisError) -> Outcome {
+    if e.is_timeout() {
+        return Outcome::Unreachable(NO_REPLY.into());
+    }
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    if io.is_some_and(|io| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    }) {
+        return Outcome::Unreachable(NO_REPLY.into());
+    }
+    Outcome::Unreachable(e.to_string())
+}
+
 /// The typed answer for an error reply as the `redis` crate returns it: read from its code and
 /// detail as the server sent them (`ERR the semaphore has another capacity ...`), since its
 /// `Display` puts a description first (`An error was signalled by the server - ResponseError:
