@@ -37,7 +37,10 @@ const LOOK_FOR: Duration = Duration::from_secs(35);
 
 /// The server and key, when this process is a child started by a parent test.
 fn child_setup() -> Option<(String, String)> {
-    Some((std::env::var(CHILD_URL).ok()?, std::env::var(CHILD_KEY).ok()?))
+    Some((
+        std::env::var(CHILD_URL).ok()?,
+        std::env::var(CHILD_KEY).ok()?,
+    ))
 }
 
 /// Tells the parent the lock is held (it waits for this line).
@@ -83,8 +86,14 @@ fn freed_after_exit(server: &Server, key: &str, exited: Instant, what: &str) {
     let took = poll_1ms(LOOK_FOR, || holders(&mut c, key).is_empty()).map(|_| exited.elapsed());
     match took {
         Some(d) => {
-            eprintln!("{what}: free {:.1} ms after the child's exit", d.as_secs_f64() * 1e3);
-            assert!(d <= FREE_BOUND, "{what}: free only after {d:?} (bound {FREE_BOUND:?})");
+            eprintln!(
+                "{what}: free {:.1} ms after the child's exit",
+                d.as_secs_f64() * 1e3
+            );
+            assert!(
+                d <= FREE_BOUND,
+                "{what}: free only after {d:?} (bound {FREE_BOUND:?})"
+            );
         }
         None => panic!(
             "{what}: still held {LOOK_FOR:?} after the child's exit: {:?}",
@@ -119,7 +128,10 @@ fn child_killed_then_free(name: &str, what: &str) {
 
 #[test]
 fn an_async_guard_alive_at_the_end_of_tokio_main_is_free_once_the_process_exits() {
-    child_exits_then_free("child_tokio_main", "guard alive at the end of #[tokio::main]");
+    child_exits_then_free(
+        "child_tokio_main",
+        "guard alive at the end of #[tokio::main]",
+    );
 }
 
 #[test]
@@ -161,7 +173,9 @@ fn a_sigkilled_async_bind_holder_frees_the_lock_at_once() {
 #[test]
 #[ignore = "child process of an_async_guard_alive_at_the_end_of_tokio_main_..."]
 fn child_tokio_main() {
-    let Some((url, key)) = child_setup() else { return };
+    let Some((url, key)) = child_setup() else {
+        return;
+    };
     multi_thread_runtime().block_on(async {
         let client = AsyncLockClient::new(&url, TIMEOUT).unwrap();
         let _guard = client.try_lock(&key, TTL).await.unwrap();
@@ -172,7 +186,9 @@ fn child_tokio_main() {
 #[test]
 #[ignore = "child process of an_async_guard_that_outlives_its_runtime_..."]
 fn child_guard_outlives_runtime() {
-    let Some((url, key)) = child_setup() else { return };
+    let Some((url, key)) = child_setup() else {
+        return;
+    };
     let rt = multi_thread_runtime();
     let guard = rt.block_on(async {
         let client = AsyncLockClient::new(&url, TIMEOUT).unwrap();
@@ -189,7 +205,9 @@ fn child_guard_outlives_runtime() {
 #[test]
 #[ignore = "child process of an_async_guard_owned_by_a_task_at_runtime_shutdown_..."]
 fn child_guard_in_task_at_shutdown() {
-    let Some((url, key)) = child_setup() else { return };
+    let Some((url, key)) = child_setup() else {
+        return;
+    };
     multi_thread_runtime().block_on(async {
         let client = AsyncLockClient::new(&url, TIMEOUT).unwrap();
         let guard = client.try_lock(&key, TTL).await.unwrap();
@@ -205,7 +223,9 @@ fn child_guard_in_task_at_shutdown() {
 #[test]
 #[ignore = "child process of a_sync_guard_alive_when_main_returns_..."]
 fn child_sync_main() {
-    let Some((url, key)) = child_setup() else { return };
+    let Some((url, key)) = child_setup() else {
+        return;
+    };
     let client = LockClient::new(&url, TIMEOUT).unwrap();
     let guard = client.try_lock(&key, TTL).unwrap();
     say_held(guard.owner());
@@ -214,7 +234,9 @@ fn child_sync_main() {
 #[test]
 #[ignore = "child process of a_sigkilled_sync_bind_holder_..."]
 fn child_sync_bound_holder() {
-    let Some((url, key)) = child_setup() else { return };
+    let Some((url, key)) = child_setup() else {
+        return;
+    };
     let client = LockClient::new(&url, TIMEOUT).unwrap();
     let guard = client.acquire(&key, Acquire::write(TTL).bind()).unwrap();
     say_held(guard.owner());
@@ -224,10 +246,15 @@ fn child_sync_bound_holder() {
 #[test]
 #[ignore = "child process of a_sigkilled_async_bind_holder_..."]
 fn child_async_bound_holder() {
-    let Some((url, key)) = child_setup() else { return };
+    let Some((url, key)) = child_setup() else {
+        return;
+    };
     multi_thread_runtime().block_on(async {
         let client = AsyncLockClient::new(&url, TIMEOUT).unwrap();
-        let guard = client.acquire(&key, Acquire::write(TTL).bind()).await.unwrap();
+        let guard = client
+            .acquire(&key, Acquire::write(TTL).bind())
+            .await
+            .unwrap();
         say_held(guard.owner());
         tokio::time::sleep(Duration::from_secs(60)).await; // killed long before
     });

@@ -72,10 +72,15 @@ fn redlock_release_after_del_everywhere_and_takeover_is_lost_taken() {
     for s in &servers {
         del(&mut s.client(), "k");
     }
-    let next = other.acquire("k", Acquire::write(TTL)).expect("free after DEL");
+    let next = other
+        .acquire("k", Acquire::write(TTL))
+        .expect("free after DEL");
     assert_lost("release", guard.release(), "k", LossCause::Taken);
     for s in &servers {
-        assert_eq!(holders(&mut s.client(), "k"), vec![(next.owner().to_string(), 1)]);
+        assert_eq!(
+            holders(&mut s.client(), "k"),
+            vec![(next.owner().to_string(), 1)]
+        );
     }
 }
 
@@ -95,7 +100,10 @@ fn async_redlock_release_after_del_everywhere_and_takeover_is_lost_taken() {
             .expect("free after DEL");
         assert_lost("release", guard.release().await, "k", LossCause::Taken);
         for s in &servers {
-            assert_eq!(holders(&mut s.client(), "k"), vec![(next.owner().to_string(), 1)]);
+            assert_eq!(
+                holders(&mut s.client(), "k"),
+                vec![(next.owner().to_string(), 1)]
+            );
         }
     });
 }
@@ -166,6 +174,11 @@ fn release_after_the_key_was_overwritten_is_lost_overwritten() {
         let client = AsyncLockClient::new(&url(&server), TIMEOUT).unwrap();
         let guard = client.try_lock("o", TTL).await.unwrap();
         query(&mut c, &["SET", "o", "something else"]).unwrap();
-        assert_lost("async release", guard.release().await, "o", LossCause::Overwritten);
+        assert_lost(
+            "async release",
+            guard.release().await,
+            "o",
+            LossCause::Overwritten,
+        );
     });
 }

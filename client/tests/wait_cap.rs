@@ -58,8 +58,16 @@ fn check(tally: &Tally, n: u64, what: &str) {
     let granted = tally.granted.load(Ordering::Relaxed);
     let limited = tally.wait_limit.load(Ordering::Relaxed);
     let errors = tally.other_errors.lock().unwrap();
-    assert!(errors.is_empty(), "{what}: other errors: {:?}", &errors[..errors.len().min(5)]);
-    assert_eq!(granted + limited, n, "{what}: every request got the lock or WaitLimit");
+    assert!(
+        errors.is_empty(),
+        "{what}: other errors: {:?}",
+        &errors[..errors.len().min(5)]
+    );
+    assert_eq!(
+        granted + limited,
+        n,
+        "{what}: every request got the lock or WaitLimit"
+    );
     let overlaps = tally.overlaps.load(Ordering::Relaxed);
     let lost = tally.lost_while_held.load(Ordering::Relaxed);
     assert!(
@@ -131,7 +139,10 @@ fn ten_thousand_tasks_with_a_cap_of_64_wait_connections_all_get_the_lock_or_wait
         extra <= CAP as u64 + OTHER_CONNECTIONS,
         "{extra} connections for a cap of {CAP}"
     );
-    assert!(queue <= CAP as i64, "{queue} waiters on the server for a cap of {CAP}");
+    assert!(
+        queue <= CAP as i64,
+        "{queue} waiters on the server for a cap of {CAP}"
+    );
     assert!(took < WAIT, "took {took:?}");
 }
 
@@ -191,5 +202,8 @@ fn forty_threads_with_a_cap_of_4_wait_connections_all_get_the_lock_or_wait_limit
     check(&tally, THREADS, "sync");
     // The sync client opens a further short-command connection per concurrent short
     // command (documented), so the cap shows in the server's wait queue.
-    assert!(queue <= CAP as i64, "{queue} waiters on the server for a cap of {CAP}");
+    assert!(
+        queue <= CAP as i64,
+        "{queue} waiters on the server for a cap of {CAP}"
+    );
 }
