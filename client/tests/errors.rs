@@ -47,13 +47,16 @@ fn a_server_without_the_module_gives_module_missing_sync_and_async() {
 
 /// The sync and the async client's errors for one acquire against `url`.
 fn both_errors(url: &str) -> (LockError, LockError) {
-    let sync = LockClient::new(url, TIMEOUT)
-        .and_then(|c| c.try_lock("s", TTL))
-        .err()
-        .expect("sync: an error");
+    let sync = match LockClient::new(url, TIMEOUT).and_then(|c| c.try_lock("s", TTL)) {
+        Err(e) => e,
+        Ok(_) => panic!("sync: a guard"),
+    };
     let not_sync = multi_thread_runtime().block_on(async {
         match AsyncLockClient::new(url, TIMEOUT) {
-            Ok(c) => c.try_lock("s", TTL).await.err().expect("async: an error"),
+            Ok(c) => match c.try_lock("s", TTL).await {
+                Err(e) => e,
+                Ok(_) => panic!("async: a guard"),
+            },
             Err(e) => e,
         }
     });
