@@ -207,3 +207,61 @@ fn forty_threads_with_a_cap_of_4_wait_connections_all_get_the_lock_or_wait_limit
         "{queue} waiters on the server for a cap of {CAP}"
     );
 }
+
+#[test]
+fn a_waiter_that_finds_every_wait_connection_taken_gets_wait_limit_sync_and_async() {
+    let server = Server::start();
+    let holder = LockClient::new(&url(&server), TIMEOUT).unwrap();
+    let _held = holder.try_lock(KEY, Duration::from_secs(30)).unwrap();
+    let client = Arc::new(
+        LockClient::new(&url(&server), TIMEOUT)
+            .unwrap()
+            .max_wait_connections(1),
+    );
+    // The first waiter takes the only wait connection for 3 s.
+    let first = {
+        let client = client.clone();
+        thread::spawn(move || client.lock(KEY, TTL, Duration::from_secs(3)).err())
+    };
+    wait_until_waiting(&server, 1);
+    let second = client.lock(KEY, TTL, Duration::from_millis(300));
+    match second {
+        Err(e @ LockError::WaitLimit { limit: 1 }) => {
+            assert!(e.to_string().contains('1'), "{e}");
+        }
+        other => panic!(
+            "sync: expected WaitLimit {{ limit: 1 }}, got {:?}",
+            other.map(|g| g.owner().to_string())
+        ),
+    }
+    assert!(matches!(
+        first.join().unwrap(),
+        Some(LockError::Held { .. })
+    ));
+
+    let rt = multi_thread_runtime();
+    rt.block_on(async {
+        let client = AsyncLockClient::new(&url(&server), TIMEOUT)
+            .unwrap()
+            .max_wait_connections(1);
+        let first = {
+            let client = client.clone();
+            tokio::spawn(async move { client.lock(KEY, TTL, Duration::from_secs(3)).await.err() })
+        };
+        wait_until_waiting(&server, 1);
+        match client.lock(KEY, TTL, Duration::from_millis(300)).await {
+            Err(LockError::WaitLimit { limit: 1 }) => {}
+            other => panic!(
+                "async: expected WaitLimit {{ limit: 1 }}, got {:?}",
+                other.map(|g| g.owner().to_string())
+            ),
+        }
+        assert!(matches!(first.await.unwrap(), Some(LockError::Held { .. })));
+    });
+}
+
+/// Waits until `KEY` has `n` waiters on the server.
+fn wait_until_waiting(server: &Server, n: i64) {
+    let mut c = server.client();
+    redis_lock_testkit::wait_until("the first waiter queued", || waiting(&mut c, KEY) == n);
+}
