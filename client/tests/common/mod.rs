@@ -42,3 +42,67 @@ pub fn bound_clients(c: &mut Connection) -> Vec<(i64, String)> {
         })
         .collect()
 }
+
+pub fn three() -> Vec<Server> {
+    (0..3).map(|_| Server::start()).collect()
+}
+
+/// An async Redlock over `servers` with the per-server [`TIMEOUT`].
+#[cfg(feature = "tokio")]
+pub fn async_redlock(servers: &[Server]) -> redis_lock_client::aio::AsyncRedlock {
+    let urls: Vec<String> = servers.iter().map(url).collect();
+    redis_lock_client::aio::AsyncRedlock::new(&urls, TIMEOUT).unwrap()
+}
+
+/// A multi-thread runtime built the way `#[tokio::main]` builds one.
+#[cfg(feature = "tokio")]
+pub fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A redis-server (or valkey-server) WITHOUT the lock module: an empty config file, so the
+/// harness adds no `--loadmodule`.
+pub fn server_without_module() -> Server {
+    redis_lock_testkit::ServerBuilder::new()
+        .config_text("")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Polls `cond` every millisecond for up to `bound`; how long it took to hold, or `None`.
+/// (Finer than `poll_within`, for latency figures.)
+pub fn poll_1ms(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= bound {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Does `key` exist on the server (raw `EXISTS`)?
+pub fn exists(c: &mut Connection, key: &str) -> bool {
+    redis_lock_testkit::int(c, &["EXISTS", key]) == 1
+}
+
+/// Median and maximum of some durations (sorted in place), in milliseconds.
+pub fn p50_max_ms(samples: &mut [Duration]) -> (f64, f64) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    match samples.len() {
+        0 => (f64::NAN, f64::NAN),
+        n => (ms(samples[(n - 1) / 2]), ms(samples[n - 1])),
+    }
+}
+
+/// The server's `connected_clients` (INFO clients).
+pub fn connected_clients(c: &mut Connection) -> u64 {
+    redis_lock_testkit::info_u64(c, "clients", "connected_clients")
+}
