@@ -11,9 +11,9 @@ use super::client::AsyncLockClient;
 use super::conn::{on_all, on_dedicated, Behind, ReleaseOnCancel};
 use super::guard::{AsyncLockGuard, LostSignal};
 use super::multi::{acquire_all, AsyncMultiGuard};
-use crate::proto::redlock::{Attempts, Sending, Step};
+use crate::proto::redlock::{no_servers, Attempts, Sending, Settings, Step};
 use crate::proto::reply::WAIT_REPLY_MARGIN;
-use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity, WaitStrategy};
+use crate::{Acquire, LockError, LockInfo, Outcome, WaitStrategy};
 
 /// Redlock on tokio: one lock over N independent servers (N/2+1 must grant), each reached
 /// through an [`AsyncLockClient`] of its own (one shared connection, dedicated ones for
@@ -24,9 +24,7 @@ use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity, WaitStrategy};
 #[derive(Clone)]
 pub struct AsyncRedlock {
     clients: Arc<[AsyncLockClient]>,
-    retry_delay: (Duration, Duration),
-    strategy: WaitStrategy,
-    prefix: String,
+    settings: Settings,
 }
 
 impl AsyncRedlock {
@@ -58,35 +56,29 @@ impl AsyncRedlock {
 
     fn of(clients: Vec<AsyncLockClient>) -> Result<Self, LockError> {
         if clients.is_empty() {
-            return Err(LockError::Config {
-                reason: "a Redlock needs at least one server".into(),
-            });
+            return Err(no_servers());
         }
         Ok(AsyncRedlock {
             clients: clients.into(),
-            retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
-            strategy: WaitStrategy::Queue,
-            prefix: String::new(),
+            settings: Settings::default(),
         })
     }
 
     /// How an acquire with `wait` waits ([`WaitStrategy::Queue`] by default).
     pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
-        self.strategy = strategy;
+        self.settings.strategy = strategy;
         self
     }
 
     /// The random delay between polling attempts, in `[min, max)` (default 1 to 20 ms).
     pub fn retry_delay(mut self, min: Duration, max: Duration) -> Self {
-        self.retry_delay = (min, max.max(min + Duration::from_micros(1)));
+        self.settings.set_retry_delay(min, max);
         self
     }
 
     /// Owners of this Redlock's guards start with `prefix` (then 32 random hex digits).
     pub fn owner_prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
-        let prefix = prefix.into();
-        OwnerIdentity::Prefix(prefix.clone()).check()?;
-        self.prefix = prefix;
+        self.settings.set_prefix(prefix.into())?;
         Ok(self)
     }
 
@@ -110,16 +102,9 @@ impl AsyncRedlock {
     /// dropped midway, whatever the servers granted is released.
     pub async fn acquire(&self, key: &str, request: Acquire) -> Result<AsyncLockGuard, LockError> {
         let names = self.clients.iter().map(|c| c.inner.name.clone()).collect();
-        let mut attempts = Attempts::new(
-            key,
-            request,
-            names,
-            self.strategy,
-            self.retry_delay,
-            &self.prefix,
-            false,
-            Instant::now(),
-        )?;
+        let mut attempts = self
+            .settings
+            .attempts(key, request, names, false, Instant::now())?;
         let everywhere = self
             .clients
             .iter()

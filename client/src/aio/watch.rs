@@ -3,7 +3,6 @@
 //! channel read by one task per client, and each invalidation of a watched key is followed by a
 //! `LOCK.INFO` over the same connection whose answer the key's guards judge.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -12,9 +11,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::conn::{Inner, Target};
 use super::guard::GuardState;
-use crate::proto::info::LockInfo;
 use crate::proto::reply::info_cmd;
-use crate::proto::watch::{invalidated_keys, tracking_off, tracking_on, Register, Watch};
+use crate::proto::watch::{
+    invalidated_keys, reread_info, tracking_off, tracking_on, Register, Watched,
+};
 
 /// The watcher of one client: which guards watch which key.
 #[derive(Default)]
@@ -24,13 +24,7 @@ pub(crate) struct Watcher {
 
 #[derive(Default)]
 struct State {
-    core: Watch,
-    /// Per key, the guards watching it: server index, guard, and the number of the first
-    /// re-read that may judge it (one sent before the guard was granted may not: it could
-    /// show the key as it was before).
-    guards: HashMap<String, Vec<(usize, Weak<GuardState>, u64)>>,
-    /// Numbers the re-reads as they are sent.
-    reads_sent: u64,
+    watched: Watched<GuardState>,
     /// Tracking is not available on this server (refused, for example by an ACL): the
     /// watcher stays off and losses are found by extends and validity alone.
     off: bool,
@@ -61,7 +55,7 @@ impl Inner {
         if !self.watches() {
             return false;
         }
-        let register = self.watcher.state().core.cover(key);
+        let register = self.watcher.state().watched.core.cover(key);
         match register {
             Register::Nothing => {}
             Register::Add(prefix) => self.queue_tracking(vec![tracking_on(&[prefix])], false),
@@ -119,7 +113,7 @@ impl Inner {
             return;
         }
         if reread_all {
-            let keys = self.watcher.state().core.keys();
+            let keys = self.watcher.state().watched.core.keys();
             for key in keys {
                 self.spawn_reread(key);
             }
@@ -145,13 +139,7 @@ impl Inner {
             return;
         }
         let mut state = self.watcher.state();
-        state.core.watch(key);
-        let first = state.reads_sent + 1;
-        state
-            .guards
-            .entry(key.to_string())
-            .or_default()
-            .push((i, Arc::downgrade(guard), first));
+        state.watched.watch(key, i, guard);
         drop(state);
         if !covered {
             self.spawn_reread(key.to_string());
@@ -163,16 +151,7 @@ impl Inner {
         if !self.watches() {
             return;
         }
-        let register = {
-            let mut state = self.watcher.state();
-            if let Some(list) = state.guards.get_mut(key) {
-                list.retain(|(_, w, _)| !std::ptr::eq(w.as_ptr(), guard));
-                if list.is_empty() {
-                    state.guards.remove(key);
-                }
-            }
-            state.core.unwatch(key)
-        };
+        let register = self.watcher.state().watched.unwatch(key, guard);
         if let Register::Rebuild(set) = register {
             self.queue_rebuild(set);
             self.flush_tracking();
@@ -190,7 +169,7 @@ impl Inner {
             // What was queued is in the set registered now.
             state.pending.clear();
             state.reread_all = false;
-            (state.core.connected(), state.core.keys())
+            (state.watched.core.connected(), state.watched.core.keys())
         };
         if !set.is_empty() && conn.query(&tracking_on(&set)).await.is_err() {
             self.watcher_off();
@@ -210,30 +189,10 @@ impl Inner {
 
     /// `LOCK.INFO key`, judged by the key's guards.
     async fn reread(self: &Arc<Self>, key: &str) {
-        let number = {
-            let mut state = self.watcher.state();
-            state.reads_sent += 1;
-            state.reads_sent
-        };
+        let number = self.watcher.state().watched.next_read();
         let reply = self.short(&info_cmd(key)).await;
-        let guards: Vec<(usize, Arc<GuardState>)> = {
-            let mut state = self.watcher.state();
-            state.core.read(key);
-            state
-                .guards
-                .get(key)
-                .map(|l| {
-                    l.iter()
-                        .filter(|(_, _, first)| *first <= number)
-                        .filter_map(|(i, w, _)| Some((*i, w.upgrade()?)))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let Ok(value) = reply else {
-            return;
-        };
-        let Ok(info) = LockInfo::from_reply(&value) else {
+        let guards = self.watcher.state().watched.judged_by(key, number);
+        let Some(info) = reread_info(reply) else {
             return;
         };
         for (i, guard) in guards {
@@ -247,14 +206,14 @@ pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceive
     loop {
         let due = inner
             .upgrade()
-            .and_then(|i| i.watcher.state().core.next_due());
+            .and_then(|i| i.watcher.state().watched.core.next_due());
         let push = match due {
             Some(at) => {
                 tokio::select! {
                     p = pushes.recv() => p,
                     _ = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {
                         let Some(me) = inner.upgrade() else { return };
-                        let keys = me.watcher.state().core.due_now(Instant::now());
+                        let keys = me.watcher.state().watched.core.due_now(Instant::now());
                         for key in keys {
                             me.spawn_reread(key);
                         }
@@ -273,7 +232,7 @@ pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceive
         if push.kind == PushKind::Disconnection {
             // The next request reopens the connection, which re-registers and re-reads.
             me.forget_shared();
-            let keys = me.watcher.state().core.keys();
+            let keys = me.watcher.state().watched.core.keys();
             if !keys.is_empty() {
                 let again = Arc::clone(&me);
                 tokio::spawn(async move {
@@ -286,7 +245,12 @@ pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceive
         let Some(keys) = invalidated_keys(push.kind == PushKind::Invalidate, &push.data) else {
             continue;
         };
-        let now_keys = me.watcher.state().core.invalidated(keys, Instant::now());
+        let now_keys = me
+            .watcher
+            .state()
+            .watched
+            .core
+            .invalidated(keys, Instant::now());
         for key in now_keys {
             me.spawn_reread(key);
         }

@@ -8,9 +8,9 @@ use super::guard::LockGuard;
 use super::instance::{self, Instance};
 use super::multi::{acquire_all, MultiGuard};
 use super::servers::{no_links, Servers};
-use crate::proto::redlock::{Attempts, Sending, Step};
+use crate::proto::redlock::{no_servers, Sending, Settings, Step};
 use crate::proto::watchdog::with_watchdog;
-use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity, WaitStrategy};
+use crate::{Acquire, LockError, LockInfo, Outcome, WaitStrategy};
 
 /// Redlock: one lock over N independent servers (N/2+1 must grant it).
 ///
@@ -22,10 +22,7 @@ use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity, WaitStrategy};
 #[derive(Clone)]
 pub struct Redlock {
     servers: Arc<Servers>,
-    retry_delay: (Duration, Duration),
-    strategy: WaitStrategy,
-    /// An owner prefix (see [`Redlock::owner_prefix`]), empty for none.
-    prefix: String,
+    settings: Settings,
 }
 
 impl Redlock {
@@ -57,15 +54,11 @@ impl Redlock {
 
     fn of(instances: Vec<Instance>) -> Result<Self, LockError> {
         if instances.is_empty() {
-            return Err(LockError::Config {
-                reason: "a Redlock needs at least one server".into(),
-            });
+            return Err(no_servers());
         }
         Ok(Redlock {
             servers: Arc::new(Servers::new(instances)),
-            retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
-            strategy: WaitStrategy::Queue,
-            prefix: String::new(),
+            settings: Settings::default(),
         })
     }
 
@@ -73,22 +66,20 @@ impl Redlock {
     /// `LOCK.INFO` shows whose holds they are. Each guard still has an owner of its own
     /// (Redlock takes no fixed owner: see [`Acquire::owner`]). At most 992 bytes.
     pub fn owner_prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
-        let prefix = prefix.into();
-        OwnerIdentity::Prefix(prefix.clone()).check()?;
-        self.prefix = prefix;
+        self.settings.set_prefix(prefix.into())?;
         Ok(self)
     }
 
     /// How an acquire with `wait` waits ([`WaitStrategy::Queue`] by default).
     pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
-        self.strategy = strategy;
+        self.settings.strategy = strategy;
         self
     }
 
     /// How long to sleep between attempts: a random delay in `[min, max)` (default 1 to 20 ms),
     /// so that competing clients stop colliding.
     pub fn retry_delay(mut self, min: Duration, max: Duration) -> Self {
-        self.retry_delay = (min, max.max(min + Duration::from_micros(1)));
+        self.settings.set_retry_delay(min, max);
         self
     }
 
@@ -130,16 +121,9 @@ impl Redlock {
     /// independent semaphores does not bound the holders to the capacity (see
     /// [semaphores](crate#semaphores)).
     pub fn acquire(&self, key: &str, request: Acquire) -> Result<LockGuard, LockError> {
-        let mut attempts = Attempts::new(
-            key,
-            request,
-            self.servers.names(),
-            self.strategy,
-            self.retry_delay,
-            &self.prefix,
-            true,
-            Instant::now(),
-        )?;
+        let mut attempts =
+            self.settings
+                .attempts(key, request, self.servers.names(), true, Instant::now())?;
         let bind = attempts.request().bind;
         let covered = self
             .servers

@@ -11,7 +11,7 @@
 //! that refuses tracking, gets no link: short commands then use the pooled connections and a
 //! loss is found by extends and validity alone.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{BufReader, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -22,9 +22,10 @@ use redis::{Cmd, PushKind, Value};
 
 use super::bound::{connect_stream, Stream};
 use super::guard::State as GuardState;
-use crate::proto::info::LockInfo;
 use crate::proto::reply::info_cmd;
-use crate::proto::watch::{invalidated_keys, tracking_off, tracking_on, Register, Watch};
+use crate::proto::watch::{
+    invalidated_keys, reread_info, tracking_off, tracking_on, Register, Watched,
+};
 use crate::Outcome;
 
 /// After a failed connect, the link is not tried again for this long (short commands use the
@@ -56,15 +57,6 @@ impl Drop for Writer {
     }
 }
 
-#[derive(Default)]
-struct Watched {
-    core: Watch,
-    /// Per key: the guards watching it, with their server index and the first re-read
-    /// number that may judge them.
-    guards: HashMap<String, Vec<(usize, Weak<GuardState>, u64)>>,
-    reads_sent: u64,
-}
-
 /// Where and how the link connects.
 pub(crate) struct Target {
     pub(crate) addr: redis::ConnectionAddr,
@@ -82,7 +74,7 @@ pub(crate) struct WatchLink {
     timer: AtomicBool,
     /// A thread is opening the connection.
     connecting: AtomicBool,
-    watched: Mutex<Watched>,
+    watched: Mutex<Watched<GuardState>>,
     /// No link for this server (TLS, or tracking refused).
     off: AtomicBool,
     retry_at: Mutex<Option<Instant>>,
@@ -259,9 +251,7 @@ impl WatchLink {
     }
 
     fn next_read(&self) -> u64 {
-        let mut w = locked(&self.watched);
-        w.reads_sent += 1;
-        w.reads_sent
+        locked(&self.watched).next_read()
     }
 
     fn reread(self: &Arc<Self>, key: String) {
@@ -355,12 +345,7 @@ impl WatchLink {
             return;
         }
         let mut w = locked(&self.watched);
-        w.core.watch(key);
-        let first = w.reads_sent + 1;
-        w.guards
-            .entry(key.to_string())
-            .or_default()
-            .push((i, Arc::downgrade(guard), first));
+        w.watch(key, i, guard);
         drop(w);
         if !covered {
             self.reread(key.to_string());
@@ -372,16 +357,7 @@ impl WatchLink {
         if self.is_off() {
             return;
         }
-        let register = {
-            let mut w = locked(&self.watched);
-            if let Some(list) = w.guards.get_mut(key) {
-                list.retain(|(_, g, _)| !std::ptr::eq(g.as_ptr(), guard));
-                if list.is_empty() {
-                    w.guards.remove(key);
-                }
-            }
-            w.core.unwatch(key)
-        };
+        let register = locked(&self.watched).unwatch(key, guard);
         self.register(register);
     }
 
@@ -424,23 +400,8 @@ impl WatchLink {
 
     /// A re-read's answer, judged by the key's guards.
     fn judge(self: &Arc<Self>, key: &str, number: u64, reply: Reply) {
-        let guards: Vec<(usize, Arc<GuardState>)> = {
-            let mut w = locked(&self.watched);
-            w.core.read(key);
-            w.guards
-                .get(key)
-                .map(|l| {
-                    l.iter()
-                        .filter(|(_, _, first)| *first <= number)
-                        .filter_map(|(i, g, _)| Some((*i, g.upgrade()?)))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let Ok(value) = reply else {
-            return;
-        };
-        let Ok(info) = LockInfo::from_reply(&value) else {
+        let guards = locked(&self.watched).judged_by(key, number);
+        let Some(info) = reread_info(reply) else {
             return;
         };
         for (i, guard) in guards {

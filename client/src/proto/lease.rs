@@ -232,8 +232,15 @@ impl Lease {
                 return Verdict::Done(Err(self.record(LossCause::Expired, causes)));
             }
             if let Some(v) = ttl.checked_sub(now.saturating_duration_since(sent) + drift(ttl)) {
+                // The server set the expiry to its now + ttl: with the same ttl a later reply
+                // only moves the lease forward, but a new ttl replaces it (a shorter one
+                // shortens the lease: the old validity no longer holds).
+                self.valid_until = if ttl == self.ttl {
+                    self.valid_until.max(now + v)
+                } else {
+                    now + v
+                };
                 self.ttl = ttl;
-                self.valid_until = self.valid_until.max(now + v);
                 return Verdict::Done(Ok(self.valid_until.saturating_duration_since(now)));
             }
         }
@@ -431,6 +438,12 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(l.ttl(), ttl);
+        // A shorter ttl shortens the lease.
+        let short = Duration::from_secs(2);
+        match l.extended(&[Outcome::Granted(0)], false, now, short, now) {
+            Verdict::Done(Ok(v)) => assert!(v < short, "{v:?}"),
+            other => panic!("{other:?}"),
+        }
         let late = now + Duration::from_secs(20);
         assert!(l.is_lost(late));
         assert!(l.before_extend(late).is_err());

@@ -75,6 +75,67 @@ pub(crate) const REDLOCK_NO_OWNER: &str = "Redlock does not take an explicit own
     attempt is released on every server, which could not tell this attempt's holds from the \
     owner's other ones; use LockClient (one server) for owners of your own";
 
+/// How a Redlock waits and names its owners (the builder settings both faces share).
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) retry_delay: (Duration, Duration),
+    pub(crate) strategy: WaitStrategy,
+    /// An owner prefix, empty for none.
+    pub(crate) prefix: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            retry_delay: (Duration::from_millis(1), Duration::from_millis(20)),
+            strategy: WaitStrategy::Queue,
+            prefix: String::new(),
+        }
+    }
+}
+
+impl Settings {
+    /// Checked as the server would check an owner (prefix + 32 hex digits).
+    pub(crate) fn set_prefix(&mut self, prefix: String) -> Result<(), LockError> {
+        super::info::OwnerIdentity::Prefix(prefix.clone()).check()?;
+        self.prefix = prefix;
+        Ok(())
+    }
+
+    /// A random delay in `[min, max)` between polling attempts.
+    pub(crate) fn set_retry_delay(&mut self, min: Duration, max: Duration) {
+        self.retry_delay = (min, max.max(min + Duration::from_micros(1)));
+    }
+
+    /// The rounds of one acquire over servers named `names`.
+    pub(crate) fn attempts(
+        &self,
+        key: &str,
+        request: Acquire,
+        names: Vec<String>,
+        allow_bind: bool,
+        now: Instant,
+    ) -> Result<Attempts, LockError> {
+        Attempts::new(
+            key,
+            request,
+            names,
+            self.strategy,
+            self.retry_delay,
+            &self.prefix,
+            allow_bind,
+            now,
+        )
+    }
+}
+
+/// A Redlock over no server.
+pub(crate) fn no_servers() -> LockError {
+    LockError::Config {
+        reason: "a Redlock needs at least one server".into(),
+    }
+}
+
 /// What a face does next.
 pub(crate) enum Step {
     /// Send `cmds[i]` to server `i` (`None`: not to that one) and hand every reply to

@@ -20,9 +20,13 @@
 //! many of them, then the set is rebuilt the same way.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, Value};
+
+use super::info::LockInfo;
+use super::reply::Outcome;
 
 /// The shortest time between two re-reads of one key: under a storm of changes by others, a
 /// key costs at most this many `LOCK.INFO` per second and process, and a loss is still
@@ -244,6 +248,73 @@ impl Watch {
         }
         ready
     }
+}
+
+/// The guards a watcher speaks for, by key, around a [`Watch`]: each with its server index
+/// and the number of the first re-read that may judge it (a re-read sent before the guard was
+/// granted may show the key as it was before). `G` is a face's guard state.
+pub(crate) struct Watched<G> {
+    pub(crate) core: Watch,
+    guards: HashMap<String, Vec<(usize, Weak<G>, u64)>>,
+    reads_sent: u64,
+}
+
+impl<G> Default for Watched<G> {
+    fn default() -> Self {
+        Watched {
+            core: Watch::default(),
+            guards: HashMap::new(),
+            reads_sent: 0,
+        }
+    }
+}
+
+impl<G> Watched<G> {
+    /// A new guard of `key`, on server `i` of its guard.
+    pub(crate) fn watch(&mut self, key: &str, i: usize, guard: &Arc<G>) {
+        self.core.watch(key);
+        let first = self.reads_sent + 1;
+        self.guards
+            .entry(key.to_string())
+            .or_default()
+            .push((i, Arc::downgrade(guard), first));
+    }
+
+    /// A guard of `key` is done; a rebuild of the prefixes may be due.
+    pub(crate) fn unwatch(&mut self, key: &str, guard: *const G) -> Register {
+        if let Some(list) = self.guards.get_mut(key) {
+            list.retain(|(_, g, _)| !std::ptr::eq(g.as_ptr(), guard));
+            if list.is_empty() {
+                self.guards.remove(key);
+            }
+        }
+        self.core.unwatch(key)
+    }
+
+    /// The number of a re-read about to be sent.
+    pub(crate) fn next_read(&mut self) -> u64 {
+        self.reads_sent += 1;
+        self.reads_sent
+    }
+
+    /// Re-read number `number` of `key` came back: the guards it may judge.
+    pub(crate) fn judged_by(&mut self, key: &str, number: u64) -> Vec<(usize, Arc<G>)> {
+        self.core.read(key);
+        self.guards
+            .get(key)
+            .map(|l| {
+                l.iter()
+                    .filter(|(_, _, first)| *first <= number)
+                    .filter_map(|(i, g, _)| Some((*i, g.upgrade()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// What a re-read's reply says of the key (`None`: nothing can be concluded from it).
+pub(crate) fn reread_info(reply: Result<Value, Outcome>) -> Option<Option<LockInfo>> {
+    LockInfo::from_reply(&reply.ok()?).ok()
 }
 
 #[cfg(test)]
