@@ -231,16 +231,24 @@ impl Wire for Connection {
 
 /// Short commands (answered at once): over each server's link where it is up (pipelined with
 /// the other threads' commands, and watched for losses), else over pooled connections; each
-/// reply within the server's timeout.
-fn short_commands(instances: &[Instance], cmds: &[Option<Cmd>]) -> Vec<Result<Value, Outcome>> {
-    let mut on_link: Vec<Option<std::sync::mpsc::Receiver<Result<Value, Outcome>>>> =
-        Vec::with_capacity(cmds.len());
+/// reply within the server's timeout. With `enough`, the answer comes once that many servers
+/// replied over their links (any reply), without waiting for a slower one.
+pub(crate) fn short_commands(
+    instances: &[Instance],
+    cmds: &[Option<Cmd>],
+    enough: Option<usize>,
+) -> Vec<Result<Value, Outcome>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut on_link = vec![false; cmds.len()];
     let mut on_pool: Vec<Option<Cmd>> = Vec::with_capacity(cmds.len());
-    for (instance, cmd) in instances.iter().zip(cmds) {
-        let rx = cmd.as_ref().and_then(|c| instance.link.send(c));
-        on_pool.push(if rx.is_some() { None } else { cmd.clone() });
-        on_link.push(rx);
+    for (i, (instance, cmd)) in instances.iter().zip(cmds).enumerate() {
+        let sent = cmd.as_ref().is_some_and(|c| instance.link.send(c, i, &tx));
+        on_pool.push(if sent { None } else { cmd.clone() });
+        if let Some(slot) = on_link.get_mut(i) {
+            *slot = sent;
+        }
     }
+    drop(tx);
     let mut results = if on_pool.iter().any(Option::is_some) {
         pooled(instances, &on_pool, Kind::Short, None)
     } else {
@@ -248,14 +256,28 @@ fn short_commands(instances: &[Instance], cmds: &[Option<Cmd>]) -> Vec<Result<Va
             .map(|_| Err(Outcome::Unreachable("not sent".into())))
             .collect()
     };
+    let mut waiting = on_link.iter().filter(|l| **l).count();
+    let mut replied = results.iter().filter(|r| r.is_ok()).count();
+    for (i, sent) in on_link.iter().enumerate() {
+        if *sent {
+            if let Some(r) = results.get_mut(i) {
+                *r = Err(Outcome::Unreachable(NO_REPLY.into()));
+            }
+        }
+    }
     let timeout = instances.first().map_or(Duration::ZERO, |i| i.timeout);
     let deadline = Instant::now() + timeout + WAIT_REPLY_MARGIN;
-    for (result, rx) in results.iter_mut().zip(on_link) {
-        if let Some(rx) = rx {
-            let left = deadline.saturating_duration_since(Instant::now());
-            *result = rx
-                .recv_timeout(left)
-                .unwrap_or_else(|_| Err(Outcome::Unreachable(NO_REPLY.into())));
+    while waiting > 0 && enough.is_none_or(|n| replied < n) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((i, reply)) = rx.recv_timeout(left) else {
+            break;
+        };
+        waiting -= 1;
+        if reply.is_ok() {
+            replied += 1;
+        }
+        if let Some(r) = results.get_mut(i) {
+            *r = reply;
         }
     }
     results
@@ -272,7 +294,7 @@ pub(crate) fn scatter_gather(
     wait: Option<Duration>,
 ) -> Vec<Result<Value, Outcome>> {
     if wait.is_none() {
-        return short_commands(instances, cmds);
+        return short_commands(instances, cmds, None);
     }
     pooled(instances, cmds, Kind::Blocking, wait)
 }

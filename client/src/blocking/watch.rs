@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::io::{BufReader, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,8 @@ type Reply = Result<Value, Outcome>;
 
 /// Who waits for the reply at the front of the line.
 enum Slot {
-    Caller(Sender<Reply>),
+    /// The reply of server `.0` of a caller's request.
+    Caller(usize, Sender<(usize, Reply)>),
     /// A watcher's re-read of a key, numbered.
     Reread(String, u64),
     /// A reply nobody needs (registration).
@@ -105,13 +106,25 @@ impl WatchLink {
         self.off.load(Ordering::SeqCst)
     }
 
-    /// Sends `cmd` over the link; `None` when there is no link (the caller uses a pooled
-    /// connection). The reply comes on the receiver.
-    pub(crate) fn send(self: &Arc<Self>, cmd: &Cmd) -> Option<Receiver<Reply>> {
+    /// Whether short commands go over the link now.
+    pub(crate) fn is_up(&self) -> bool {
+        !self.is_off()
+            && locked(&self.writer)
+                .as_ref()
+                .is_some_and(|w| w.alive.load(Ordering::SeqCst))
+    }
+
+    /// Sends `cmd` over the link; false when there is no link (the caller uses a pooled
+    /// connection). The reply comes on `tx`, tagged `index`.
+    pub(crate) fn send(
+        self: &Arc<Self>,
+        cmd: &Cmd,
+        index: usize,
+        tx: &Sender<(usize, Reply)>,
+    ) -> bool {
         if self.is_off() {
-            return None;
+            return false;
         }
-        let (tx, rx) = channel();
         let mut writer = locked(&self.writer);
         if writer
             .as_ref()
@@ -121,16 +134,18 @@ impl WatchLink {
             *writer = None;
             drop(writer);
             self.connect_in_background();
-            return None;
+            return false;
         }
-        let w = writer.as_mut()?;
-        locked(&w.slots).push_back(Slot::Caller(tx));
+        let Some(w) = writer.as_mut() else {
+            return false;
+        };
+        locked(&w.slots).push_back(Slot::Caller(index, tx.clone()));
         if w.stream.write_all(&cmd.get_packed_command()).is_err() {
             w.alive.store(false, Ordering::SeqCst);
             *writer = None;
-            return None;
+            return false;
         }
-        Some(rx)
+        true
     }
 
     /// Sends a command whose reply goes to `slot`, if the link is up.
@@ -451,8 +466,8 @@ fn read_loop(
                 };
                 let slot = locked(&slots).pop_front();
                 match slot {
-                    Some(Slot::Caller(tx)) => {
-                        let _ = tx.send(reply);
+                    Some(Slot::Caller(index, tx)) => {
+                        let _ = tx.send((index, reply));
                     }
                     Some(Slot::Reread(key, number)) => me.judge(&key, number, reply),
                     Some(Slot::Ignore) | None => {}
@@ -463,8 +478,8 @@ fn read_loop(
     }
     alive.store(false, Ordering::SeqCst);
     for slot in locked(&slots).drain(..) {
-        if let Slot::Caller(tx) = slot {
-            let _ = tx.send(Err(Outcome::Unreachable("connection closed".into())));
+        if let Slot::Caller(index, tx) = slot {
+            let _ = tx.send((index, Err(Outcome::Unreachable("connection closed".into()))));
         }
     }
     // While guards are watched, reconnect now rather than at the next request, so their keys
