@@ -534,7 +534,7 @@ async fn bound_holds_end_with_their_connection() {
 
 /// The latency of an uncontended acquire through the async client, next to a bare
 /// `LOCK.ACQUIRE` over a multiplexed connection of the same runtime (medians of 2000).
-/// Run with `cargo test -p redis-lock-client --test async_client -- --ignored --nocapture`.
+/// Run with `cargo test --release -p redis-lock-client --test async_client measure -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn measure_async_acquire_latency() {
@@ -546,43 +546,53 @@ async fn measure_async_acquire_latency() {
         .await
         .unwrap();
     let ttl = Duration::from_secs(10);
-    const N: usize = 2000;
-    let mut ours = Vec::with_capacity(N);
-    let mut bare = Vec::with_capacity(N);
-    for i in 0..N {
-        let key = format!("lat:{i}");
-        let t = Instant::now();
-        let g = client.try_lock(&key, ttl).await.unwrap();
-        ours.push(t.elapsed());
-        g.release().await.unwrap();
+    const N: usize = 4000;
+    // One key over and over (the common case: the watcher's tracking already covers it), and
+    // a new key each time (each first use registers it, sent ahead of the acquire).
+    for (what, same_key) in [("one key", true), ("a new key each time", false)] {
+        let mut ours = Vec::with_capacity(N);
+        let mut bare = Vec::with_capacity(N);
+        for i in 0..N {
+            let key = if same_key {
+                "lat".to_string()
+            } else {
+                format!("lat:{i}")
+            };
+            let t = Instant::now();
+            let g = client.try_lock(&key, ttl).await.unwrap();
+            g.release().await.unwrap();
+            ours.push(t.elapsed());
 
-        let mut conn = raw.clone();
-        let t = Instant::now();
-        let v: redis::Value = redis::cmd("LOCK.ACQUIRE")
-            .arg(&key)
-            .arg("bare")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        bare.push(t.elapsed());
-        assert!(matches!(v, redis::Value::Int(_)));
-        let _: redis::Value = redis::cmd("LOCK.RELEASE")
-            .arg(&key)
-            .arg("bare")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+            let mut conn = raw.clone();
+            let t = Instant::now();
+            let v: redis::Value = redis::cmd("LOCK.ACQUIRE")
+                .arg(&key)
+                .arg("bare")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let _: redis::Value = redis::cmd("LOCK.RELEASE")
+                .arg(&key)
+                .arg("bare")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            bare.push(t.elapsed());
+            assert!(matches!(v, redis::Value::Int(_)));
+        }
+        ours.sort();
+        bare.sort();
+        let ratio = ours[N / 2].as_secs_f64() / bare[N / 2].as_secs_f64();
+        println!(
+            "uncontended acquire+release, {what}, median of {N}: async client {:?}, raw \
+             LOCK.ACQUIRE+LOCK.RELEASE {:?} (ratio {ratio:.3}; p99 {:?} vs {:?})",
+            ours[N / 2],
+            bare[N / 2],
+            ours[N * 99 / 100],
+            bare[N * 99 / 100]
+        );
     }
-    ours.sort();
-    bare.sort();
-    println!(
-        "uncontended acquire, median of {N}: async client {:?}, raw LOCK.ACQUIRE {:?} (p99 {:?} vs {:?})",
-        ours[N / 2],
-        bare[N / 2],
-        ours[N * 99 / 100],
-        bare[N * 99 / 100]
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -194,8 +194,6 @@ impl AsyncLockClient {
             _ => None,
         };
         let cmd = request.command(key, &owner, request.wait);
-        // Once granted, every change of the key by anyone else is pushed to the watcher.
-        let covered = self.inner.cover(key, !(request.bind || dedicated));
         let bound = request
             .wait
             .unwrap_or_default()
@@ -262,7 +260,6 @@ impl AsyncLockClient {
             vec![(0, token)],
             deadline,
             bound,
-            covered,
         );
         let Some((replicas, timeout)) = min_replicas else {
             if let Some(conn) = conn {

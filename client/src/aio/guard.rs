@@ -255,7 +255,6 @@ impl AsyncLockGuard {
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
         bound: Option<Conn>,
-        covered: bool,
     ) -> Self {
         let (tx, rx) = watch::channel(false);
         let names = clients.iter().map(|c| c.inner.name.clone()).collect();
@@ -270,7 +269,7 @@ impl AsyncLockGuard {
         });
         for (i, client) in state.clients.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                client.inner.watch(key, i, &state, covered);
+                client.inner.watch(key, i, &state);
             }
         }
         let watchdog = match (tokio::runtime::Handle::try_current(), request.watchdog) {

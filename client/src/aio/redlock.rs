@@ -118,10 +118,6 @@ impl AsyncRedlock {
 
     /// Carries out the steps of `attempts` until a guard or a failure.
     async fn run(&self, key: &str, attempts: &mut Attempts) -> Result<AsyncLockGuard, LockError> {
-        // Once granted, every change of the key by anyone else is pushed to the watchers.
-        for client in self.clients.iter() {
-            client.inner.cover(key, true);
-        }
         let mut step = attempts.start(Instant::now());
         loop {
             step = match step {
@@ -150,8 +146,6 @@ impl AsyncRedlock {
                         grant.tokens,
                         grant.valid_until,
                         None,
-                        // A queued round's grant came over a wait connection.
-                        attempts.request().wait.is_none(),
                     ));
                 }
                 Step::Failed(e) => return Err(e),

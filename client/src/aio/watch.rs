@@ -13,7 +13,7 @@ use super::conn::{Inner, Target};
 use super::guard::GuardState;
 use crate::proto::reply::info_cmd;
 use crate::proto::watch::{
-    invalidated_keys, reread_info, tracking_off, tracking_on, Register, Watched,
+    invalidated_keys, register_cmds, reread_info, tracking_on, Register, Watched,
 };
 
 /// The watcher of one client: which guards watch which key.
@@ -45,42 +45,20 @@ impl Inner {
         matches!(self.target, Target::Single(_)) && !self.watcher.state().off
     }
 
-    /// Before a request that may grant `key` goes out: makes sure the shared connection's
-    /// tracking covers the key. The registration (if the key is new) is sent ahead of the
-    /// next command on the shared connection, in one write with it, so it costs no round trip
-    /// of its own. True when the request goes over the shared connection (`shared`): its
-    /// grant is then certainly covered; a grant on another connection is re-read once the
-    /// guard exists.
-    pub(crate) fn cover(self: &Arc<Self>, key: &str, shared: bool) -> bool {
-        if !self.watches() {
-            return false;
-        }
-        let register = self.watcher.state().watched.core.cover(key);
-        match register {
-            Register::Nothing => {}
-            Register::Add(prefix) => self.queue_tracking(vec![tracking_on(&[prefix])], false),
-            Register::Rebuild(set) => self.queue_rebuild(set),
-        }
-        if !shared {
-            // Nothing else may go over the shared connection soon: send it now.
-            self.flush_tracking();
-        }
-        shared
-    }
-
     fn queue_tracking(&self, cmds: Vec<Cmd>, reread_all: bool) {
         let mut state = self.watcher.state();
         state.pending.extend(cmds);
         state.reread_all |= reread_all;
     }
 
-    fn queue_rebuild(&self, set: Vec<String>) {
-        let mut cmds = vec![tracking_off()];
-        if !set.is_empty() {
-            cmds.push(tracking_on(&set));
+    /// Queues `register` and sends it soon (ahead of the next command, or on its own).
+    fn send_register(self: &Arc<Self>, register: &Register) {
+        let cmds = register_cmds(register);
+        if cmds.is_empty() {
+            return;
         }
-        // Changes between off and on were not pushed.
-        self.queue_tracking(cmds, true);
+        self.queue_tracking(cmds, false);
+        self.flush_tracking();
     }
 
     /// Sends the queued registrations on their own (from a task).
@@ -126,22 +104,16 @@ impl Inner {
         self.watcher.state().off = true;
     }
 
-    /// A new guard of `key` on server `i` of its guard; `covered`: its grant came over the
-    /// shared connection with tracking on (otherwise the key is re-read once now).
-    pub(crate) fn watch(
-        self: &Arc<Self>,
-        key: &str,
-        i: usize,
-        guard: &Arc<GuardState>,
-        covered: bool,
-    ) {
+    /// A new guard of `key` on server `i` of its guard. A key not covered yet is registered
+    /// and then re-read (the re-read goes out after the registration on the same connection,
+    /// and covers the moment between the grant and it).
+    pub(crate) fn watch(self: &Arc<Self>, key: &str, i: usize, guard: &Arc<GuardState>) {
         if !self.watches() {
             return;
         }
-        let mut state = self.watcher.state();
-        state.watched.watch(key, i, guard);
-        drop(state);
-        if !covered {
+        let register = self.watcher.state().watched.watch(key, i, guard);
+        if let Some(register) = register {
+            self.queue_tracking(register_cmds(&register), false);
             self.spawn_reread(key.to_string());
         }
     }
@@ -152,10 +124,7 @@ impl Inner {
             return;
         }
         let register = self.watcher.state().watched.unwatch(key, guard);
-        if let Register::Rebuild(set) = register {
-            self.queue_rebuild(set);
-            self.flush_tracking();
-        }
+        self.send_register(&register);
     }
 
     /// A (re)opened shared connection: registers every prefix again and re-reads every watched

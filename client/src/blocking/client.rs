@@ -105,11 +105,8 @@ impl LockClient {
             }
             _ => None,
         };
-        // Once granted, every change of the key by anyone else is pushed to the watcher.
-        let short = !request.bind && request.wait.is_none() && request.min_replicas.is_none();
-        let covered = self.servers.cover(key, short);
         if request.min_replicas.is_some() {
-            return self.acquire_replicated(key, owner, request, started, &covered);
+            return self.acquire_replicated(key, owner, request, started);
         }
         let mut links = request.bind.then(|| no_links(1));
         let outcomes = match links.as_mut() {
@@ -128,7 +125,7 @@ impl LockClient {
                 return Err(classify(&causes, 1));
             }
         };
-        Ok(self.guard(key, owner, request, token, started, links, &covered))
+        Ok(self.guard(key, owner, request, token, started, links))
     }
 
     /// The guard of a grant; `started` is when the request was sent.
@@ -140,7 +137,6 @@ impl LockClient {
         token: u64,
         started: Instant,
         links: Option<Vec<Option<BoundLink>>>,
-        covered: &[bool],
     ) -> LockGuard {
         let deadline =
             single_server_valid_until(started, request.wait.is_some(), request.ttl, Instant::now());
@@ -152,7 +148,6 @@ impl LockClient {
             vec![(0, token)],
             deadline,
             links,
-            covered,
         )
     }
 
@@ -164,7 +159,6 @@ impl LockClient {
         owner: String,
         request: Acquire,
         started: Instant,
-        covered: &[bool],
     ) -> Result<LockGuard, LockError> {
         let (replicas, timeout) = request.min_replicas.unwrap_or_default();
         let instance = &self.servers.instances[0];
@@ -190,7 +184,7 @@ impl LockClient {
         let Outcome::Granted(token) = outcome else {
             return Err(classify(&[(name, outcome)], 1));
         };
-        let guard = self.guard(key, owner, request, token, started, None, covered);
+        let guard = self.guard(key, owner, request, token, started, None);
         let _ = conn.set_read_timeout(Some(timeout.saturating_add(margin)));
         let acked = redis::cmd("WAIT")
             .arg(replicas)

@@ -177,7 +177,6 @@ impl LockGuard {
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
         links: Option<Vec<Option<BoundLink>>>,
-        covered: &[bool],
     ) -> Self {
         let hold = Hold::new(key, owner, &request, tokens, servers.names(), valid_until);
         let state = Arc::new(State {
@@ -190,7 +189,7 @@ impl LockGuard {
             stop: Mutex::new(false),
             wake: Condvar::new(),
         });
-        state.servers.watch(&state, covered);
+        state.servers.watch(&state);
         let watchdog = request.watchdog.map(|w| {
             let state = Arc::clone(&state);
             std::thread::spawn(move || run_watchdog(&state, &w))

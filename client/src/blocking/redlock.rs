@@ -125,9 +125,6 @@ impl Redlock {
             self.settings
                 .attempts(key, request, self.servers.names(), true, Instant::now())?;
         let bind = attempts.request().bind;
-        let covered = self
-            .servers
-            .cover(key, !bind && attempts.request().wait.is_none());
         // A bound request's connections, kept from one attempt to the next.
         let mut links = bind.then(|| no_links(self.servers.instances.len()));
         let mut step = attempts.start(Instant::now());
@@ -181,7 +178,6 @@ impl Redlock {
                         grant.tokens,
                         grant.valid_until,
                         kept,
-                        &covered,
                     ));
                 }
                 // A bound request's connections close here; its failed attempts were released.

@@ -85,11 +85,6 @@ impl Servers {
         }
     }
 
-    /// After a failed bound attempt (Redlock): `LOCK.RELEASE ... ALL` over the bound connection
-    /// of every server that granted or may still grant, waiting for the replies, so the
-    /// connections can carry the next attempt (a release on the same connection is answered
-    /// before anything sent after it).
-
     /// `LOCK.INFO key` on server `i`.
     pub(crate) fn info(&self, i: usize, key: &str) -> Result<Option<LockInfo>, LockError> {
         let cmd = info_cmd(key);
@@ -172,23 +167,11 @@ impl Servers {
             .collect()
     }
 
-    /// Before a request that may grant `key`: every server's tracking covers the key; per
-    /// server, whether the grant is certainly covered (`short`: the request goes over the
-    /// short-command link).
-    pub(crate) fn cover(&self, key: &str, short: bool) -> Vec<bool> {
-        self.instances
-            .iter()
-            .map(|instance| instance.link.cover(key, short))
-            .collect()
-    }
-
-    /// Puts a new guard under the loss watchers of the servers that granted it (`covered`:
-    /// see [`Servers::cover`]).
-    pub(crate) fn watch(&self, state: &Arc<State>, covered: &[bool]) {
+    /// Puts a new guard under the loss watchers of the servers that granted it.
+    pub(crate) fn watch(&self, state: &Arc<State>) {
         for (i, instance) in self.instances.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                let covered = covered.get(i).copied().unwrap_or(false);
-                instance.link.watch(&state.hold.key, i, state, covered);
+                instance.link.watch(&state.hold.key, i, state);
             }
         }
     }

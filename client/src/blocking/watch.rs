@@ -24,7 +24,7 @@ use super::bound::{connect_stream, Stream};
 use super::guard::State as GuardState;
 use crate::proto::reply::info_cmd;
 use crate::proto::watch::{
-    invalidated_keys, reread_info, tracking_off, tracking_on, Register, Watched,
+    invalidated_keys, register_cmds, reread_info, tracking_on, Register, Watched,
 };
 use crate::Outcome;
 
@@ -150,12 +150,25 @@ impl WatchLink {
 
     /// Sends a command whose reply goes to `slot`, if the link is up.
     fn send_slot(&self, cmd: &Cmd, slot: Slot) -> bool {
+        self.send_all(vec![(cmd, slot)])
+    }
+
+    /// Sends commands in one write, so no other thread's command falls between them (a
+    /// `MULTI` ... `EXEC` must not take in someone else's request).
+    fn send_all(&self, cmds: Vec<(&Cmd, Slot)>) -> bool {
         let mut writer = locked(&self.writer);
         let Some(w) = writer.as_mut().filter(|w| w.alive.load(Ordering::SeqCst)) else {
             return false;
         };
-        locked(&w.slots).push_back(slot);
-        if w.stream.write_all(&cmd.get_packed_command()).is_err() {
+        let mut bytes = Vec::new();
+        {
+            let mut slots = locked(&w.slots);
+            for (cmd, slot) in cmds {
+                bytes.extend(cmd.get_packed_command());
+                slots.push_back(slot);
+            }
+        }
+        if w.stream.write_all(&bytes).is_err() {
             w.alive.store(false, Ordering::SeqCst);
             *writer = None;
             return false;
@@ -212,10 +225,6 @@ impl WatchLink {
         };
         if !prefixes.is_empty() {
             setup.push(tracking_on(&prefixes));
-        } else {
-            // Tracking on with no prefix would broadcast every key: a harmless prefix that no
-            // lock key has turns it on (so later prefixes are added, not switched on).
-            setup.push(tracking_on(&["\u{0}redis-lock-watch".to_string()]));
         }
         let packed: Vec<u8> = setup.iter().flat_map(|c| c.get_packed_command()).collect();
         stream.write_all(&packed).map_err(|_| false)?;
@@ -276,28 +285,6 @@ impl WatchLink {
         }
     }
 
-    /// Before a request that may grant `key` goes out: makes sure tracking covers the key
-    /// (the registration is written ahead of the request, never waited for). True when the
-    /// request goes over the link (`short`) and the link is up: the grant is then certainly
-    /// covered. Otherwise the guard's key is re-read once it exists; a link that is down is
-    /// opened in the background (a request never waits for it).
-    pub(crate) fn cover(self: &Arc<Self>, key: &str, short: bool) -> bool {
-        if self.is_off() {
-            return false;
-        }
-        let register = locked(&self.watched).core.cover(key);
-        let up = locked(&self.writer)
-            .as_ref()
-            .is_some_and(|w| w.alive.load(Ordering::SeqCst));
-        if !up {
-            // Opening it registers everything registered, this key included.
-            self.connect_in_background();
-            return false;
-        }
-        self.register(register);
-        short
-    }
-
     /// Opens the link from a thread of its own (one at a time).
     fn connect_in_background(self: &Arc<Self>) {
         if self.connecting.swap(true, Ordering::SeqCst) {
@@ -325,44 +312,26 @@ impl WatchLink {
         }
     }
 
-    fn register(self: &Arc<Self>, register: Register) {
-        match register {
-            Register::Nothing => {}
-            Register::Add(prefix) => {
-                self.send_slot(&tracking_on(&[prefix]), Slot::Ignore);
-            }
-            Register::Rebuild(set) => {
-                self.send_slot(&tracking_off(), Slot::Ignore);
-                let on = if set.is_empty() {
-                    tracking_on(&["\u{0}redis-lock-watch".to_string()])
-                } else {
-                    tracking_on(&set)
-                };
-                self.send_slot(&on, Slot::Ignore);
-                let keys = locked(&self.watched).core.keys();
-                for key in keys {
-                    self.reread(key);
-                }
-            }
-        }
+    fn register(self: &Arc<Self>, register: &Register) {
+        let cmds = register_cmds(register);
+        self.send_all(cmds.iter().map(|c| (c, Slot::Ignore)).collect());
     }
 
-    /// A new guard of `key` on server `i` of its guard; `covered`: its grant was covered by
-    /// tracking (otherwise the key is re-read once now).
-    pub(crate) fn watch(
-        self: &Arc<Self>,
-        key: &str,
-        i: usize,
-        guard: &Arc<GuardState>,
-        covered: bool,
-    ) {
+    /// A new guard of `key` on server `i` of its guard. A key not covered yet is registered
+    /// and then re-read (both written in that order on the link; the re-read covers the
+    /// moment between the grant and the registration). A link that is down opens in the
+    /// background and re-reads every watched key once up.
+    pub(crate) fn watch(self: &Arc<Self>, key: &str, i: usize, guard: &Arc<GuardState>) {
         if self.is_off() {
             return;
         }
-        let mut w = locked(&self.watched);
-        w.watch(key, i, guard);
-        drop(w);
-        if !covered {
+        let register = locked(&self.watched).watch(key, i, guard);
+        if let Some(register) = register {
+            if !self.is_up() {
+                self.connect_in_background();
+                return;
+            }
+            self.register(&register);
             self.reread(key.to_string());
         }
     }
@@ -373,14 +342,21 @@ impl WatchLink {
             return;
         }
         let register = locked(&self.watched).unwatch(key, guard);
-        self.register(register);
+        self.register(&register);
     }
 
     /// An invalidation push.
     fn invalidated(self: &Arc<Self>, keys: Option<Vec<String>>) {
-        let now_keys = locked(&self.watched).core.invalidated(keys, Instant::now());
+        let (now_keys, noisy) = {
+            let mut w = locked(&self.watched);
+            let now_keys = w.core.invalidated(keys, Instant::now());
+            (now_keys, w.core.noisy())
+        };
         for key in now_keys {
             self.reread(key);
+        }
+        if let Some(register) = noisy {
+            self.register(&register);
         }
         self.arm_timer();
     }

@@ -12,12 +12,18 @@
 //! only says "this key changed": the watcher reads `LOCK.INFO` of the key and the guards decide
 //! whether their owner still holds it ([`super::hold::Hold::check_info`]).
 //!
+//! A key is registered once the client holds it, not before (a request that is not granted
+//! registers nothing, so waiting and polling clients get no pushes): the registration and a
+//! re-read of the key go out right after the grant, and the re-read covers the moment between
+//! them. A key already covered needs neither.
+//!
 //! Prefixes are what broadcast mode matches (a prefix `a` also matches `ab`), and one client's
 //! prefixes must not overlap, so the watcher registers a minimal set: a key whose prefix is
 //! already registered needs nothing; a key that is a prefix of registered ones makes the watcher
-//! start tracking over with the new set (and re-read every watched key, since changes in the
-//! gap were not pushed). Prefixes of keys no longer watched stay registered until there are
-//! many of them, then the set is rebuilt the same way.
+//! replace the set. Prefixes of keys no longer held stay registered (a lock taken again and
+//! again costs nothing more) until they are many or draw pushes (others busy with keys this
+//! client no longer holds): then the set is replaced by the held keys'. A replacement is one
+//! transaction (`MULTI`, `CLIENT TRACKING off`, `on ...`, `EXEC`), so no change falls between.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Weak};
@@ -36,6 +42,9 @@ pub(crate) const RECHECK_SPACING: Duration = Duration::from_millis(5);
 /// Rebuild the registered prefixes once more than this many are stale.
 const MAX_STALE: usize = 64;
 
+/// Rebuild them once this many pushes came for keys no guard of this client holds.
+const MAX_IGNORED_PUSHES: usize = 4;
+
 /// What the watcher wants sent over its connection.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Register {
@@ -43,8 +52,7 @@ pub(crate) enum Register {
     Nothing,
     /// `CLIENT TRACKING on BCAST NOLOOP PREFIX <key>`.
     Add(String),
-    /// Start over: `CLIENT TRACKING off`, then on with every prefix of the set, then re-read
-    /// every watched key.
+    /// Replace the set ([`rebuild_cmds`]).
     Rebuild(Vec<String>),
 }
 
@@ -60,6 +68,8 @@ pub(crate) struct Watch {
     /// Keys changed again while their re-read was out, or within the spacing.
     due: HashSet<String>,
     last_read: HashMap<String, Instant>,
+    /// Pushes for keys no guard holds, since the last rebuild.
+    ignored: usize,
 }
 
 /// `CLIENT TRACKING on BCAST NOLOOP PREFIX p ...`.
@@ -77,6 +87,26 @@ pub(crate) fn tracking_off() -> Cmd {
     let mut cmd = redis::cmd("CLIENT");
     cmd.arg("TRACKING").arg("off");
     cmd
+}
+
+/// What a registration sends.
+pub(crate) fn register_cmds(register: &Register) -> Vec<Cmd> {
+    match register {
+        Register::Nothing => Vec::new(),
+        Register::Add(prefix) => vec![tracking_on(std::slice::from_ref(prefix))],
+        Register::Rebuild(set) => rebuild_cmds(set),
+    }
+}
+
+/// Replaces the registered prefixes by `set` in one transaction: nothing runs between off and
+/// on, so no change goes unpushed.
+pub(crate) fn rebuild_cmds(set: &[String]) -> Vec<Cmd> {
+    let mut cmds = vec![redis::cmd("MULTI"), tracking_off()];
+    if !set.is_empty() {
+        cmds.push(tracking_on(set));
+    }
+    cmds.push(redis::cmd("EXEC"));
+    cmds
 }
 
 /// The keys an `invalidate` push names: `Some(keys)`, or `None` for "everything" (a flush).
@@ -133,9 +163,18 @@ impl Watch {
             .is_some_and(|p| key.starts_with(p.as_str()))
     }
 
-    /// Before a request that may grant `key` goes out over the watch connection: what to
-    /// register so that, once granted, every change of the key by anyone else is pushed.
-    pub(crate) fn cover(&mut self, key: &str) -> Register {
+    /// A guard of `key` was granted: what to register so that every later change of the key
+    /// by anyone else is pushed. `None` when the key was covered already (nothing to send);
+    /// otherwise the registration, to be followed by a re-read of the key.
+    pub(crate) fn granted(&mut self, key: &str) -> Option<Register> {
+        self.watch(key);
+        if self.covered(key) {
+            return None;
+        }
+        Some(self.cover(key))
+    }
+
+    fn cover(&mut self, key: &str) -> Register {
         if self.covered(key) {
             return Register::Nothing;
         }
@@ -146,8 +185,7 @@ impl Watch {
         Register::Add(key.to_string())
     }
 
-    /// A guard of `key` starts (its key is covered: see [`Watch::cover`]).
-    pub(crate) fn watch(&mut self, key: &str) {
+    fn watch(&mut self, key: &str) {
         *self.keys.entry(key.to_string()).or_insert(0) += 1;
     }
 
@@ -172,6 +210,7 @@ impl Watch {
     fn rebuild(&mut self, also: Option<&str>) -> Register {
         let set = minimal(self.keys.keys().cloned().chain(also.map(str::to_string)));
         self.registered = set.iter().cloned().collect();
+        self.ignored = 0;
         Register::Rebuild(set)
     }
 
@@ -190,10 +229,15 @@ impl Watch {
     /// are due later ([`Watch::next_due`]).
     pub(crate) fn invalidated(&mut self, keys: Option<Vec<String>>, now: Instant) -> Vec<String> {
         let keys: Vec<String> = match keys {
-            Some(keys) => keys
-                .into_iter()
-                .filter(|k| self.keys.contains_key(k))
-                .collect(),
+            Some(keys) => {
+                let all = keys.len();
+                let held: Vec<String> = keys
+                    .into_iter()
+                    .filter(|k| self.keys.contains_key(k))
+                    .collect();
+                self.ignored += all - held.len();
+                held
+            }
             None => self.keys(),
         };
         let mut now_keys = Vec::new();
@@ -213,6 +257,15 @@ impl Watch {
         self.last_read
             .get(key)
             .is_some_and(|t| now.saturating_duration_since(*t) < RECHECK_SPACING)
+    }
+
+    /// Once many pushes came for keys no longer held, the registered set shrinks to the held
+    /// keys' (see the module docs).
+    pub(crate) fn noisy(&mut self) -> Option<Register> {
+        if self.ignored < MAX_IGNORED_PUSHES {
+            return None;
+        }
+        Some(self.rebuild(None))
     }
 
     /// The re-read of `key` came back (or failed).
@@ -270,14 +323,16 @@ impl<G> Default for Watched<G> {
 }
 
 impl<G> Watched<G> {
-    /// A new guard of `key`, on server `i` of its guard.
-    pub(crate) fn watch(&mut self, key: &str, i: usize, guard: &Arc<G>) {
-        self.core.watch(key);
+    /// A new guard of `key`, on server `i` of its guard: the registration to send when the
+    /// key was not covered (then followed by a re-read, which judges this guard).
+    pub(crate) fn watch(&mut self, key: &str, i: usize, guard: &Arc<G>) -> Option<Register> {
+        let register = self.core.granted(key);
         let first = self.reads_sent + 1;
         self.guards
             .entry(key.to_string())
             .or_default()
             .push((i, Arc::downgrade(guard), first));
+        register
     }
 
     /// A guard of `key` is done; a rebuild of the prefixes may be due.
@@ -324,24 +379,17 @@ mod tests {
     #[test]
     fn prefixes_never_overlap_and_cover_every_watched_key() {
         let mut w = Watch::default();
-        let mut add = |w: &mut Watch, k: &str| {
-            let r = w.cover(k);
-            w.watch(k);
-            r
-        };
-        assert_eq!(add(&mut w, "lock:ab"), Register::Add("lock:ab".into()));
-        assert_eq!(add(&mut w, "lock:ab"), Register::Nothing, "already covered");
+        let add = |w: &mut Watch, k: &str| w.granted(k);
         assert_eq!(
-            add(&mut w, "lock:abc"),
-            Register::Nothing,
-            "covered by lock:ab"
+            add(&mut w, "lock:ab"),
+            Some(Register::Add("lock:ab".into()))
         );
-        // A key that is a prefix of a registered one: start over with the minimal set.
-        assert_eq!(
-            add(&mut w, "lock:a"),
-            Register::Rebuild(vec!["lock:a".into()])
-        );
-        assert_eq!(add(&mut w, "other"), Register::Add("other".into()));
+        assert_eq!(add(&mut w, "lock:ab"), None, "already covered");
+        assert_eq!(add(&mut w, "lock:abc"), None, "covered by lock:ab");
+        // A key that is a prefix of a registered one: replace the set with the minimal one.
+        let rebuilt = add(&mut w, "lock:a");
+        assert_eq!(rebuilt, Some(Register::Rebuild(vec!["lock:a".into()])));
+        assert_eq!(add(&mut w, "other"), Some(Register::Add("other".into())));
         let mut set: Vec<String> = w.registered.iter().cloned().collect();
         set.sort();
         assert_eq!(set, vec!["lock:a".to_string(), "other".to_string()]);
@@ -351,8 +399,7 @@ mod tests {
     fn stale_prefixes_are_dropped_once_many() {
         let mut w = Watch::default();
         let add = |w: &mut Watch, k: &str| {
-            w.cover(k);
-            w.watch(k);
+            w.granted(k);
         };
         add(&mut w, "kept");
         for i in 0..MAX_STALE {
@@ -370,8 +417,7 @@ mod tests {
     fn rereads_are_coalesced_and_spaced() {
         let mut w = Watch::default();
         for k in ["a", "b"] {
-            w.cover(k);
-            w.watch(k);
+            w.granted(k);
         }
         let t = Instant::now();
         assert_eq!(
@@ -388,6 +434,24 @@ mod tests {
         let mut all = w.invalidated(None, later + RECHECK_SPACING);
         all.sort();
         assert_eq!(all, vec!["b"], "a is still in flight");
+    }
+
+    #[test]
+    fn pushes_for_keys_no_longer_held_shrink_the_set() {
+        let mut w = Watch::default();
+        w.granted("held");
+        w.granted("gone");
+        w.unwatch("gone");
+        let t = Instant::now();
+        for _ in 0..MAX_IGNORED_PUSHES - 1 {
+            assert!(w.invalidated(Some(vec!["gone".into()]), t).is_empty());
+            assert_eq!(w.noisy(), None);
+        }
+        w.invalidated(Some(vec!["gone".into()]), t);
+        assert_eq!(w.noisy(), Some(Register::Rebuild(vec!["held".into()])));
+        assert_eq!(w.noisy(), None, "counted again from zero");
+        let cmds = rebuild_cmds(&["held".into()]);
+        assert_eq!(cmds.len(), 4, "MULTI, off, on, EXEC");
     }
 
     #[test]
