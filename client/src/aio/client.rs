@@ -19,7 +19,7 @@ use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity, DEFAULT_WAIT_C
 
 /// An async lock client for one Redis server with the module, or (feature `cluster`) a Redis
 /// Cluster whose masters all load it. Clone it freely: clones share connections. See the
-/// [module documentation](self).
+/// [module documentation](crate::aio).
 #[derive(Clone)]
 pub struct AsyncLockClient {
     pub(crate) inner: Arc<Inner>,
@@ -149,7 +149,8 @@ impl AsyncLockClient {
     /// Acquires a lock, or a semaphore permit, as `request` says. Waiting is done by the server
     /// (FIFO queue) on a dedicated connection. With [`Acquire::bind`] the acquire opens a
     /// connection of the guard's own, which carries its extends and release and closes with
-    /// it; a closing by the server is found at the next extend ([`LockError::Disconnected`]).
+    /// it; a closing by the server is noticed at once and reported as a loss
+    /// ([`LockError::Lost`] with [`crate::LossCause::ConnectionClosed`]).
     /// A cluster client refuses `bind` and `min_replicas` ([`LockError::InvalidRequest`]).
     ///
     /// Cancelling the returned future (dropping it, as a `select!` or a timeout does) once the

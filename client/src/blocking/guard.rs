@@ -83,7 +83,16 @@ impl State {
             return;
         }
         if let Some(w) = &self.watchdog {
-            w.report(lost);
+            // Not on the caller's thread, which may be the loss watcher's (a slow callback
+            // must not hold up the replies of every other request on its link).
+            let (watchdog, loss) = (w.clone(), lost.clone());
+            let spawned = std::thread::Builder::new()
+                .name("redis-lock-lost".into())
+                .spawn(move || watchdog.report(loss));
+            if spawned.is_err() {
+                // No thread to be had: report here rather than not at all.
+                w.report(lost);
+            }
         }
     }
 

@@ -40,7 +40,7 @@ pub enum LockError {
     /// the lock shared and asked for it exclusively (an upgrade: release the read hold first),
     /// or, with a wait, queueing would close a cycle of owners waiting for one another across
     /// keys of that server. Nothing changed; the request did not queue. Only requests with an
-    /// explicit owner ([`Acquire::owner`]) can get it: a random owner holds nothing when it asks.
+    /// explicit owner ([`Acquire::owner`](crate::Acquire::owner)) can get it: a random owner holds nothing when it asks.
     Deadlock {
         /// What each server answered (server name, answer).
         causes: Vec<(String, Outcome)>,
@@ -75,7 +75,7 @@ pub enum LockError {
         /// What each server answered (server name, answer).
         causes: Vec<(String, Outcome)>,
     },
-    /// The lock was granted but fewer replicas than asked ([`Acquire::min_replicas`])
+    /// The lock was granted but fewer replicas than asked ([`Acquire::min_replicas`](crate::Acquire::min_replicas))
     /// acknowledged it within the timeout: the grant was released again.
     ReplicasNotAcknowledged {
         /// Replicas asked for.

@@ -318,6 +318,10 @@ impl Lease {
                 }
             };
         }
+        // Not confirmed, and the validity is over: the lock may have ended meanwhile.
+        if now >= self.valid_until {
+            return Verdict::Done(Err(self.record(LossCause::Expired, causes)));
+        }
         Verdict::Done(Err(LockError::Unreachable { causes }))
     }
 }

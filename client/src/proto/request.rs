@@ -100,7 +100,7 @@ impl Acquire {
     /// fails with [`LockError::CapacityMismatch`], and asking a permit of a lock key (or a lock
     /// of a semaphore key) with [`LockError::WrongKind`].
     ///
-    /// For one server only ([`LockClient`]): [`Redlock`] refuses permits (see
+    /// For one server only ([`LockClient`](crate::LockClient)): [`Redlock`](crate::Redlock) refuses permits (see
     /// [semaphores](crate#semaphores)). A capacity of 0 or over [`MAX_CAPACITY`], or a
     /// lock-delay, fails with [`LockError::InvalidRequest`] before anything is sent.
     pub fn permit(capacity: u32, ttl: Duration) -> Self {
@@ -111,7 +111,7 @@ impl Acquire {
     }
 
     /// Acquires under `owner` instead of a fresh random owner: for several guards of one
-    /// logical owner (a job, a transaction), on one server ([`LockClient`]).
+    /// logical owner (a job, a transaction), on one server ([`LockClient`](crate::LockClient)).
     ///
     /// - **Re-entry.** A write lock the owner holds is re-entered (the same fencing token), a
     ///   read lock too, and a semaphore grants the owner one more permit; the holds of one owner
@@ -131,7 +131,7 @@ impl Acquire {
     ///
     /// `owner` must be 1 to 1024 bytes. It cannot be combined with [`Acquire::bind`] (a
     /// re-entry keeps the binding of the first hold, so this guard's connection would not be
-    /// the one its hold ends with), and [`Redlock`] refuses it (a failed attempt's cleanup could
+    /// the one its hold ends with), and [`Redlock`](crate::Redlock) refuses it (a failed attempt's cleanup could
     /// not tell its own holds from the owner's others); both fail with
     /// [`LockError::InvalidRequest`] before anything is sent.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
@@ -143,8 +143,8 @@ impl Acquire {
     /// grant) until at least `replicas` replicas acknowledged it, at most `timeout`. If fewer
     /// did, the hold is released and the acquire fails with
     /// [`LockError::ReplicasNotAcknowledged`]: a failover to a replica that never saw the grant
-    /// would otherwise hand the lock out twice. One server only ([`LockClient`] and the async
-    /// single-server client); [`Redlock`], a bound request and a cluster client refuse it with
+    /// would otherwise hand the lock out twice. One server only ([`LockClient`](crate::LockClient) and the async
+    /// single-server client); [`Redlock`](crate::Redlock), a bound request and a cluster client refuse it with
     /// [`LockError::InvalidRequest`].
     pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.min_replicas = Some((replicas, timeout));
@@ -152,7 +152,7 @@ impl Acquire {
     }
 
     /// Wait up to `wait` for the lock instead of failing at once. The server takes waits of up
-    /// to 2^47 ms (longer ones are refused); a [`Redlock`] counts a longer one (such as
+    /// to 2^47 ms (longer ones are refused); a [`Redlock`](crate::Redlock) counts a longer one (such as
     /// `Duration::MAX`) as about a century.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);

@@ -10,15 +10,19 @@ use super::error::LostLock;
 type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
 
 /// Keeps a lease alive: extends it every `fraction` of its ttl (default 1/3) until the guard
-/// drops, and reports the lock as lost (callback and channel, once) when a majority answers that
-/// the owner no longer holds it, or when its validity runs out without a confirmed extend.
-/// Its extends use a connection of their own: a blocking acquire of the same client never
-/// delays them. [`LockGuard::is_lost`] does not wait for the watchdog: it turns true the moment
-/// validity runs out, even while the watchdog's extend is still waiting for an answer.
+/// drops, and reports the lock as lost (callback and channel, once) as soon as the client
+/// knows: its loss watcher found the hold gone on the server (within milliseconds, see
+/// [loss](crate#loss)), an extend was refused, or the validity ran out without a confirmed
+/// extend. Its extends go over the client's short-command connection, which never waits for a
+/// blocking acquire of the same client. [`LockGuard::is_lost`](crate::LockGuard::is_lost) does
+/// not wait for the watchdog: it turns true the moment validity runs out, even while the
+/// watchdog's extend is still waiting for an answer. The callback runs on a thread of its own
+/// (sync client) or a task (async client), never on the watcher's.
 ///
-/// For a bound guard ([`Acquire::bind`]) the extends go over the guard's own connections, and
-/// between them the watchdog checks those connections every 100 ms (without sending anything):
-/// it reports the loss as soon as fewer than a quorum of them are open.
+/// For a bound guard ([`Acquire::bind`](crate::Acquire::bind)) the extends go over the guard's
+/// own connections, and between them the watchdog checks those connections every 100 ms
+/// (without sending anything): it reports the loss as soon as fewer than a quorum of them are
+/// open.
 #[derive(Clone)]
 pub struct Watchdog {
     pub(crate) fraction: f64,
