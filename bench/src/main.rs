@@ -850,11 +850,32 @@ fn main() {
             }
         }
     }
+    // The Rust client's section is measured by its own tests, not here: kept as it was.
+    let mut report = report;
+    if let Ok(old) = std::fs::read_to_string(&o.out) {
+        if let Some(kept) = marked_section(&old, RUST_CLIENT_START, RUST_CLIENT_END) {
+            report.push('\n');
+            report.push_str(kept);
+            report.push('\n');
+        }
+    }
     if let Err(e) = std::fs::write(&o.out, &report) {
         eprintln!("lock-bench: cannot write {}: {e}", o.out.display());
         std::process::exit(1);
     }
     println!("{report}");
+}
+
+/// The markers around the Rust client's section of docs/benchmarks.md (loss-detection
+/// latency, from `cargo test -p redis-lock-client --test loss_latency`).
+const RUST_CLIENT_START: &str = "<!-- rust-client:start -->";
+const RUST_CLIENT_END: &str = "<!-- rust-client:end -->";
+
+/// The text from `start` to `end` (both included), if `text` has them in that order.
+fn marked_section<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let from = text.find(start)?;
+    let to = text[from..].find(end)? + from + end.len();
+    text.get(from..to)
 }
 
 /// Section 13: the worst case per command (see `worst`), on a fresh server per build: this

@@ -12,8 +12,10 @@
 //! anyone else changes such a key the server pushes an invalidation, one task per client reads
 //! it, re-reads the key (`LOCK.INFO`) and the key's guards decide whether they lost their hold,
 //! within about a millisecond (see [loss](crate#loss)). The client's commands on that
-//! connection push nothing (`NOLOOP`), so a held lock costs no more than its extends. Registrations go out ahead of the
-//! next command on the connection, so a request never waits a round trip for them. A cluster client has no
+//! connection push nothing (`NOLOOP`), so a held lock costs no more than its extends. A key is
+//! registered once a guard of it is granted (sent ahead of the connection's next command, then
+//! a re-read of the key), so a request never waits for a registration and a request that is not
+//! granted registers nothing. A cluster client has no
 //! such watcher, nor has a server or ACL user that refuses `CLIENT TRACKING` (the client then
 //! carries on without it; the ACL grant is `+client|tracking`).
 //!

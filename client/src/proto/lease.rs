@@ -247,18 +247,33 @@ impl Lease {
         if closed {
             return Verdict::Done(Err(self.record(LossCause::ConnectionClosed, causes)));
         }
-        if n - gone < self.quorum {
-            return match (first_refusal, refused) {
-                (Some(LossCause::Ended), Some(i)) => Verdict::Diagnose(i),
-                (cause, _) => {
-                    Verdict::Done(Err(self.record(cause.unwrap_or(LossCause::Ended), causes)))
-                }
-            };
+        if let Some(verdict) = self.too_few_hold(n - gone, first_refusal, refused, causes.clone()) {
+            return verdict;
         }
         if now >= self.valid_until {
             return Verdict::Done(Err(self.record(LossCause::Expired, causes)));
         }
         Verdict::Done(Err(classify(&causes, self.quorum)))
+    }
+
+    /// When fewer than a quorum of servers may still hold the lock (`holding` of them; the
+    /// others refused): the loss, named by the first refusal, or a closer look at it.
+    fn too_few_hold<T>(
+        &mut self,
+        holding: usize,
+        first_refusal: Option<LossCause>,
+        refused: Option<usize>,
+        causes: Vec<(String, Outcome)>,
+    ) -> Option<Verdict<T>> {
+        if holding >= self.quorum {
+            return None;
+        }
+        Some(match (first_refusal, refused) {
+            (Some(LossCause::Ended), Some(i)) => Verdict::Diagnose(i),
+            (cause, _) => {
+                Verdict::Done(Err(self.record(cause.unwrap_or(LossCause::Ended), causes)))
+            }
+        })
     }
 
     /// After [`Verdict::Diagnose`]: `info` is what the server's `LOCK.INFO` said (`None`
@@ -310,13 +325,8 @@ impl Lease {
         if ok >= self.quorum {
             return Verdict::Done(Err(self.record(LossCause::Expired, causes)));
         }
-        if n - gone < self.quorum {
-            return match (first_refusal, refused) {
-                (Some(LossCause::Ended), Some(i)) => Verdict::Diagnose(i),
-                (cause, _) => {
-                    Verdict::Done(Err(self.record(cause.unwrap_or(LossCause::Ended), causes)))
-                }
-            };
+        if let Some(verdict) = self.too_few_hold(n - gone, first_refusal, refused, causes.clone()) {
+            return verdict;
         }
         // Not confirmed, and the validity is over: the lock may have ended meanwhile.
         if now >= self.valid_until {
