@@ -13,7 +13,7 @@ mod common;
 use common::*;
 
 use redis_lock_client::aio::AsyncLockClient;
-use redis_lock_client::{Acquire, LockClient, LockError, Mode};
+use redis_lock_client::{Acquire, LockClient, LockError, Mode, MultiGuard};
 use redis_lock_testkit::{lock_calls, Server};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -107,13 +107,13 @@ fn sync_contenders(
     assert!(took < ALL_ROUNDS_BOUND, "{what}: took {took:?}");
 }
 
-#[test]
-fn two_sync_multi_key_guards_in_opposite_orders_never_deadlock_nor_overlap() {
-    let server = Server::start();
-    let clients = [
-        LockClient::new(&url(&server), TIMEOUT).unwrap(),
-        LockClient::new(&url(&server), TIMEOUT).unwrap(),
-    ];
+/// Two contenders, each taking `a` and `b` for writing, named in opposite orders, `rounds`
+/// times: `acquire_all(who, set)` is contender `who`'s multi-key acquire.
+fn opposite_orders(
+    acquire_all: impl Fn(usize, &[(&str, Acquire)]) -> Result<MultiGuard, LockError> + Sync,
+    rounds: usize,
+    what: &str,
+) {
     let in_use = InUse::default();
     let marks = [
         vec![("a", Mode::Write), ("b", Mode::Write)],
@@ -125,14 +125,28 @@ fn two_sync_multi_key_guards_in_opposite_orders_never_deadlock_nor_overlap() {
     ];
     sync_contenders(
         |who| {
-            let guard = clients[who].acquire_all(&sets[who])?;
+            let guard = acquire_all(who, &sets[who])?;
             in_use.hold(&marks[who]);
             guard.release()
         },
+        rounds,
+        what,
+    );
+    assert_eq!(in_use.overlaps.load(Ordering::SeqCst), 0, "overlaps");
+}
+
+#[test]
+fn two_sync_multi_key_guards_in_opposite_orders_never_deadlock_nor_overlap() {
+    let server = Server::start();
+    let clients = [
+        LockClient::new(&url(&server), TIMEOUT).unwrap(),
+        LockClient::new(&url(&server), TIMEOUT).unwrap(),
+    ];
+    opposite_orders(
+        |who, set| clients[who].acquire_all(set),
         1000,
         "sync, 1 server",
     );
-    assert_eq!(in_use.overlaps.load(Ordering::SeqCst), 0, "overlaps");
 }
 
 #[test]
@@ -176,25 +190,11 @@ fn mixed_read_and_write_sets_in_opposite_orders_never_deadlock_nor_overlap() {
 fn two_redlock_multi_key_guards_in_opposite_orders_never_deadlock_nor_overlap() {
     let servers = three();
     let locks = [redlock(&servers), redlock(&servers)];
-    let in_use = InUse::default();
-    let marks = [
-        vec![("a", Mode::Write), ("b", Mode::Write)],
-        vec![("b", Mode::Write), ("a", Mode::Write)],
-    ];
-    let sets = [
-        [("a", write()), ("b", write())],
-        [("b", write()), ("a", write())],
-    ];
-    sync_contenders(
-        |who| {
-            let guard = locks[who].acquire_all(&sets[who])?;
-            in_use.hold(&marks[who]);
-            guard.release()
-        },
+    opposite_orders(
+        |who, set| locks[who].acquire_all(set),
         100,
         "Redlock, 3 servers",
     );
-    assert_eq!(in_use.overlaps.load(Ordering::SeqCst), 0, "overlaps");
 }
 
 #[test]

@@ -426,11 +426,10 @@ impl AsyncLockClient {
         F: FnOnce(LostSignal) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self
+        let acquired = self
             .acquire(key, crate::proto::watchdog::with_watchdog(request))
-            .await?;
-        let out = work(guard.lost_signal()).await;
-        crate::blocking::finish_using(guard.release().await, out)
+            .await;
+        super::run_using(acquired, work).await
     }
 
     /// Acquires every key of `items` (each with its own request), in one global order (by key

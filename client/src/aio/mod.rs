@@ -94,3 +94,18 @@ pub use client::AsyncLockClient;
 pub use guard::{AsyncLockGuard, LostSignal};
 pub use multi::AsyncMultiGuard;
 pub use redlock::AsyncRedlock;
+
+/// `using`: the guard (with a watchdog) from `acquired`, `work` run with its lost signal, then
+/// the release; `work`'s value only if the lock was held until the release.
+pub(crate) async fn run_using<T, F, Fut>(
+    acquired: Result<AsyncLockGuard, crate::LockError>,
+    work: F,
+) -> Result<T, crate::LockError>
+where
+    F: FnOnce(LostSignal) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let guard = acquired?;
+    let out = work(guard.lost_signal()).await;
+    crate::proto::lease::using_result(guard.release().await, out)
+}

@@ -215,11 +215,10 @@ impl AsyncRedlock {
         F: FnOnce(LostSignal) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self
+        let acquired = self
             .acquire(key, crate::proto::watchdog::with_watchdog(request))
-            .await?;
-        let out = work(guard.lost_signal()).await;
-        crate::blocking::finish_using(guard.release().await, out)
+            .await;
+        super::run_using(acquired, work).await
     }
 
     /// As [`AsyncLockClient::acquire_all`], with each key a quorum lock.

@@ -261,9 +261,7 @@ impl LockClient {
         request: Acquire,
         work: impl FnOnce(&LockGuard) -> T,
     ) -> Result<T, LockError> {
-        let guard = self.acquire(key, with_watchdog(request))?;
-        let out = work(&guard);
-        super::finish_using(guard.release(), out)
+        super::run_using(self.acquire(key, with_watchdog(request)), work)
     }
 
     /// Acquires every key of `items` (each with its own request: mode, ttl, wait, options),

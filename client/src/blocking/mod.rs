@@ -17,15 +17,13 @@ pub use multi::MultiGuard;
 pub use redlock::Redlock;
 pub use slots::DEFAULT_WAIT_CONNECTIONS;
 
-use crate::LockError;
-
-/// What a `using` returns once its work ran and its guard was released: the work's value only
-/// if the lock was held until the release. A release that could not be confirmed (servers
-/// unreachable) while the lease was still valid leaves the work's value standing: the lock was
-/// certainly held while it ran, and the hold ends at its ttl.
-pub(crate) fn finish_using<T>(released: Result<(), LockError>, out: T) -> Result<T, LockError> {
-    match released {
-        Err(lost @ LockError::Lost(_)) => Err(lost),
-        _ => Ok(out),
-    }
+/// `using`: the guard (with a watchdog) from `acquire`, `work` run with it, then the release;
+/// `work`'s value only if the lock was held until the release.
+pub(crate) fn run_using<T>(
+    acquired: Result<LockGuard, crate::LockError>,
+    work: impl FnOnce(&LockGuard) -> T,
+) -> Result<T, crate::LockError> {
+    let guard = acquired?;
+    let out = work(&guard);
+    crate::proto::lease::using_result(guard.release(), out)
 }

@@ -106,9 +106,7 @@ impl Redlock {
         request: Acquire,
         work: impl FnOnce(&LockGuard) -> T,
     ) -> Result<T, LockError> {
-        let guard = self.acquire(key, with_watchdog(request))?;
-        let out = work(&guard);
-        super::finish_using(guard.release(), out)
+        super::run_using(self.acquire(key, with_watchdog(request)), work)
     }
 
     /// Acquires the lock on a majority. Without `wait`, one attempt; with it, attempts repeat

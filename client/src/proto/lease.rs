@@ -61,6 +61,17 @@ pub(crate) fn cause_from_info(info: &Option<LockInfo>, owner: &str) -> Option<Lo
     }
 }
 
+/// What a `using` returns once its work ran and its guard was released: the work's value only
+/// if the lock was held until the release. A release that could not be confirmed (servers
+/// unreachable) while the lease was still valid leaves the work's value standing: the lock was
+/// certainly held while it ran, and the hold ends at its ttl.
+pub(crate) fn using_result<T>(released: Result<(), LockError>, out: T) -> Result<T, LockError> {
+    match released {
+        Err(lost @ LockError::Lost(_)) => Err(lost),
+        _ => Ok(out),
+    }
+}
+
 /// The cause a refusal of an extend or release points at, before any closer look.
 fn cause_of(outcome: &Outcome) -> LossCause {
     match outcome {
