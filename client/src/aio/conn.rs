@@ -280,7 +280,14 @@ impl Inner {
                     tokio::time::timeout(bound, reg_conn.pipeline(&pipe)),
                     tokio::time::timeout(bound, conn.query(cmd)),
                 );
-                self.tracking_sent(matches!(registered, Ok(Ok(_))), reread_all);
+                match registered {
+                    Ok(Ok(_)) => self.tracking_sent(true, reread_all),
+                    // The server refused tracking (an ACL, say): the watcher goes off.
+                    Ok(Err(e)) if !is_io(&e) => self.tracking_sent(false, reread_all),
+                    // Not known to have reached the server: a new connection registers
+                    // everything again and re-reads every held key.
+                    _ => self.forget_shared(),
+                }
                 reply
             }
         };

@@ -40,8 +40,8 @@ enum Slot {
     Caller(usize, Sender<(usize, Reply)>),
     /// A watcher's re-read of a key, numbered.
     Reread(String, u64),
-    /// A reply nobody needs (registration).
-    Ignore,
+    /// The reply to a tracking registration: a refusal turns the link's watcher off.
+    Tracking,
 }
 
 /// The writing side of the current connection and its line of reply slots.
@@ -314,7 +314,7 @@ impl WatchLink {
 
     fn register(self: &Arc<Self>, register: &Register) {
         let cmds = register_cmds(register);
-        self.send_all(cmds.iter().map(|c| (c, Slot::Ignore)).collect());
+        self.send_all(cmds.iter().map(|c| (c, Slot::Tracking)).collect());
     }
 
     /// A new guard of `key` on server `i` of its guard. A key not covered yet is registered
@@ -446,7 +446,12 @@ fn read_loop(
                         let _ = tx.send((index, reply));
                     }
                     Some(Slot::Reread(key, number)) => me.judge(&key, number, reply),
-                    Some(Slot::Ignore) | None => {}
+                    Some(Slot::Tracking) => {
+                        if matches!(&reply, Err(o) if o.is_refusal()) {
+                            me.off.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    None => {}
                 }
             }
             Err(_) => break,
