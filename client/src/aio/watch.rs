@@ -160,8 +160,12 @@ impl Inner {
     async fn reread(self: &Arc<Self>, key: &str) {
         let number = self.watcher.state().watched.next_read();
         let reply = self.short(&info_cmd(key)).await;
-        let guards = self.watcher.state().watched.judged_by(key, number);
-        let Some(info) = reread_info(reply) else {
+        let info = reread_info(reply);
+        let holders = info
+            .as_ref()
+            .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
+        let guards = self.watcher.state().watched.judged_by(key, number, holders);
+        let Some(info) = info else {
             return;
         };
         for (i, guard) in guards {

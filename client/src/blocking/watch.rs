@@ -391,12 +391,15 @@ impl WatchLink {
 
     /// A re-read's answer, judged by the key's guards.
     fn judge(self: &Arc<Self>, key: &str, number: u64, reply: Reply) {
-        let guards = locked(&self.watched).judged_by(key, number);
-        let Some(info) = reread_info(reply) else {
-            return;
-        };
-        for (i, guard) in guards {
-            guard.check_info(i, &info);
+        let info = reread_info(reply);
+        let holders = info
+            .as_ref()
+            .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
+        let guards = locked(&self.watched).judged_by(key, number, holders);
+        if let Some(info) = info {
+            for (i, guard) in guards {
+                guard.check_info(i, &info);
+            }
         }
         self.arm_timer();
     }
