@@ -205,14 +205,22 @@ pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceive
         if push.kind == PushKind::Disconnection {
             // The next request reopens the connection, which re-registers and re-reads.
             me.forget_shared();
-            let keys = me.watcher.state().watched.core.keys();
-            if !keys.is_empty() {
-                let again = Arc::clone(&me);
-                tokio::spawn(async move {
-                    // Reopens the shared connection (and so re-reads every key).
-                    let _ = again.short(&redis::cmd("PING")).await;
-                });
-            }
+            // While guards are held, reopen it now (which re-reads their keys), trying again
+            // every half second while the server cannot be reached.
+            let weak = Arc::downgrade(&me);
+            tokio::spawn(async move {
+                loop {
+                    let Some(again) = weak.upgrade() else { return };
+                    if again.watcher.state().watched.core.keys().is_empty() {
+                        return;
+                    }
+                    if again.short(&redis::cmd("PING")).await.is_ok() {
+                        return;
+                    }
+                    drop(again);
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+            });
             continue;
         }
         let Some(keys) = invalidated_keys(push.kind == PushKind::Invalidate, &push.data) else {
