@@ -89,7 +89,7 @@ impl AsyncLockClient {
             inner: Arc::new(Inner {
                 target,
                 name,
-                timeout: timeout.max(Duration::from_millis(1)),
+                timeout: crate::proto::reply::usable_timeout(timeout),
                 shared: tokio::sync::Mutex::new(None),
                 idle: Mutex::new(Vec::new()),
                 wait_slots: Arc::new(tokio::sync::Semaphore::new(DEFAULT_WAIT_CONNECTIONS)),
@@ -195,6 +195,9 @@ impl AsyncLockClient {
             _ => None,
         };
         let cmd = request.command(key, &owner, request.wait);
+        // The watcher's push count before the request: a push in between is re-read for the
+        // guard.
+        let since = vec![self.inner.pushes()];
         let bound = request
             .wait
             .unwrap_or_default()
@@ -261,6 +264,7 @@ impl AsyncLockClient {
             vec![(0, token)],
             deadline,
             bound,
+            since,
         );
         let Some((replicas, timeout)) = min_replicas else {
             if let Some(conn) = conn {

@@ -251,57 +251,46 @@ impl Inner {
         Ok(Conn::Single(conn))
     }
 
-    /// Forgets the shared connection (it was found closed): the next request opens another.
-    pub(crate) fn forget_shared(&self) {
-        if let Ok(mut slot) = self.shared.try_lock() {
-            *slot = None;
-        }
-    }
-
     /// A short command over the shared connection, bounded by the timeout. After an I/O
     /// failure the shared connection is reopened by the next request.
     pub(crate) async fn short(self: &Arc<Self>, cmd: &Cmd) -> Result<Value, Outcome> {
         let mut conn = self.shared().await?;
-        // Tracking registrations queued by the watcher go out ahead of the command, submitted
-        // first on the same connection (so the server has them before it runs the command):
-        // no round trip of their own.
-        let ahead = self.take_tracking().map(|(cmds, reread_all)| {
-            let mut pipe = redis::pipe();
-            for c in cmds {
-                pipe.add_command(c);
-            }
-            (pipe, conn.clone(), reread_all)
-        });
-        let bound = self.timeout + WAIT_REPLY_MARGIN;
-        let reply = match ahead {
-            None => tokio::time::timeout(bound, conn.query(cmd)).await,
-            Some((pipe, mut reg_conn, reread_all)) => {
-                let (registered, reply) = tokio::join!(
-                    tokio::time::timeout(bound, reg_conn.pipeline(&pipe)),
-                    tokio::time::timeout(bound, conn.query(cmd)),
-                );
-                match registered {
-                    Ok(Ok(_)) => self.tracking_sent(true, reread_all),
-                    // The server refused tracking (an ACL, say): the watcher goes off.
-                    Ok(Err(e)) if !is_io(&e) => self.tracking_sent(false, reread_all),
-                    // Not known to have reached the server: a new connection registers
-                    // everything again and re-reads every held key.
-                    _ => self.forget_shared(),
-                }
-                reply
-            }
-        };
+        let reply = tokio::time::timeout(self.timeout, conn.query(cmd)).await;
         match reply {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if !is_io(&e) => Err(error_outcome(&e)),
             Ok(Err(e)) => {
                 *self.shared.lock().await = None;
+                self.reopen_soon();
                 Err(unreachable(&e))
             }
             Err(_) => {
                 *self.shared.lock().await = None;
+                self.reopen_soon();
                 Err(Outcome::Unreachable(NO_REPLY.into()))
             }
+        }
+    }
+
+    /// Commands in one pipeline over the shared connection (the watcher's registrations):
+    /// `Err(true)` when the server refused one, `Err(false)` when the answer did not come.
+    pub(crate) async fn pipeline(self: &Arc<Self>, cmds: &[Cmd]) -> Result<(), bool> {
+        let mut conn = self.shared().await.map_err(|_| false)?;
+        let mut pipe = redis::pipe();
+        for c in cmds {
+            pipe.add_command(c.clone());
+        }
+        match tokio::time::timeout(self.timeout, conn.pipeline(&pipe)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if !is_io(&e) => {
+                let refused = crate::proto::watch::tracking_refused(&e.to_string());
+                if refused {
+                    Err(true)
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Err(false),
         }
     }
 

@@ -214,11 +214,13 @@ struct ReleaseOnDrop {
 }
 
 impl ReleaseOnDrop {
-    async fn run(mut self) {
-        if let Some(state) = &self.state {
-            let _ = state.release().await;
-        }
+    async fn run(mut self) -> Result<(), LockError> {
+        let released = match &self.state {
+            Some(state) => state.release().await,
+            None => Ok(()),
+        };
         self.state = None;
+        released
     }
 }
 
@@ -255,6 +257,7 @@ impl AsyncLockGuard {
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
         bound: Option<Conn>,
+        since: Vec<u64>,
     ) -> Self {
         let (tx, rx) = watch::channel(false);
         let names = clients.iter().map(|c| c.inner.name.clone()).collect();
@@ -269,7 +272,8 @@ impl AsyncLockGuard {
         });
         for (i, client) in state.clients.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                client.inner.watch(key, i, &state);
+                let since = since.get(i).copied().unwrap_or(0);
+                client.inner.watch(key, i, &state, since);
             }
         }
         let watchdog = match (tokio::runtime::Handle::try_current(), request.watchdog) {
@@ -375,7 +379,12 @@ impl AsyncLockGuard {
         if let Some(w) = self.watchdog.take() {
             w.abort();
         }
-        self.state.release().await
+        // If this future is dropped before the release is answered (a timeout, a `select!`),
+        // the release is done then over a blocking connection: never left to the ttl.
+        let release = ReleaseOnDrop {
+            state: Some(Arc::clone(&self.state)),
+        };
+        release.run().await
     }
 }
 
@@ -392,7 +401,9 @@ impl Drop for AsyncLockGuard {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(task.run());
+                rt.spawn(async move {
+                    let _ = task.run().await;
+                });
             }
             // No runtime here: the release is done now (dropping the task does it).
             Err(_) => drop(task),

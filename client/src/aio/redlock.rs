@@ -118,6 +118,14 @@ impl AsyncRedlock {
 
     /// Carries out the steps of `attempts` until a guard or a failure.
     async fn run(&self, key: &str, attempts: &mut Attempts) -> Result<AsyncLockGuard, LockError> {
+        // The watchers' push counts before the round that grants.
+        let pushes = || {
+            self.clients
+                .iter()
+                .map(|c| c.inner.pushes())
+                .collect::<Vec<u64>>()
+        };
+        let mut since = pushes();
         let mut step = attempts.start(Instant::now());
         loop {
             step = match step {
@@ -126,10 +134,14 @@ impl AsyncRedlock {
                     wait: Some(slice),
                     what: Sending::QueueWait,
                 } => {
+                    since = pushes();
                     let replies = self.queue_wait(key, attempts.owner(), cmds, slice).await?;
                     attempts.replied(replies, Instant::now())
                 }
-                Step::Send { cmds, .. } => {
+                Step::Send { cmds, what, .. } => {
+                    if what == Sending::Attempt {
+                        since = pushes();
+                    }
                     let replies = on_all(&self.clients, cmds, None).await;
                     attempts.replied(replies, Instant::now())
                 }
@@ -146,6 +158,7 @@ impl AsyncRedlock {
                         grant.tokens,
                         grant.valid_until,
                         None,
+                        since,
                     ));
                 }
                 Step::Failed(e) => return Err(e),

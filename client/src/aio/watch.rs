@@ -1,25 +1,36 @@
 //! The async face's loss watcher (see [`crate::proto::watch`] for the decisions): the client's
 //! shared connection speaks RESP3 with broadcast tracking and `NOLOOP`, its pushes arrive on a
-//! channel read by one task per client, and each invalidation of a watched key is followed by a
-//! `LOCK.INFO` over the same connection whose answer the key's guards judge.
+//! channel read by one task per connection, and each invalidation of a watched key is followed
+//! by a `LOCK.INFO` over the same connection whose answer the key's guards judge.
+//! Registrations are sent by one task per client, in the order they were decided (a
+//! replacement of the set must not overtake an addition decided before it).
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::{Cmd, PushInfo, PushKind};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::conn::{Inner, Target};
+use super::conn::{is_io, Conn, Inner, Target};
 use super::guard::GuardState;
 use crate::proto::reply::info_cmd;
 use crate::proto::watch::{
     invalidated_keys, register_cmds, reread_info, tracking_on, Register, Watched,
 };
 
+/// While guards are held and the shared connection is down, how often it is reopened.
+const REOPEN_EVERY: Duration = Duration::from_millis(500);
+
 /// The watcher of one client: which guards watch which key.
 #[derive(Default)]
 pub(crate) struct Watcher {
     state: Mutex<State>,
+}
+
+/// A registration to send, then (for a new guard) a re-read of its key.
+struct Job {
+    cmds: Vec<Cmd>,
+    then_reread: Option<String>,
 }
 
 #[derive(Default)]
@@ -28,10 +39,12 @@ struct State {
     /// Tracking is not available on this server (refused, for example by an ACL): the
     /// watcher stays off and losses are found by extends and validity alone.
     off: bool,
-    /// Registrations to send ahead of the next command on the shared connection.
-    pending: Vec<Cmd>,
-    /// After them, re-read every watched key (a rebuild: changes in between were not pushed).
-    reread_all: bool,
+    /// The registrar task's queue (started with the first job).
+    jobs: Option<UnboundedSender<Job>>,
+    /// A task is reopening the shared connection.
+    reopening: bool,
+    /// A timer task is waiting for the next due re-read.
+    timer: bool,
 }
 
 impl Watcher {
@@ -45,76 +58,63 @@ impl Inner {
         matches!(self.target, Target::Single(_)) && !self.watcher.state().off
     }
 
-    fn queue_tracking(&self, cmds: Vec<Cmd>, reread_all: bool) {
-        let mut state = self.watcher.state();
-        state.pending.extend(cmds);
-        state.reread_all |= reread_all;
+    /// The watcher's push count, taken before a request that may grant.
+    pub(crate) fn pushes(&self) -> u64 {
+        self.watcher.state().watched.core.pushes()
     }
 
-    /// Queues `register` and sends it soon (ahead of the next command, or on its own).
-    fn send_register(self: &Arc<Self>, register: &Register) {
-        let cmds = register_cmds(register);
-        if cmds.is_empty() {
+    /// Queues a registration (and a re-read after it) for the registrar task, with the watcher
+    /// state locked: a registration is queued under the same
+    /// lock as it was decided, so the registrar sends them in the order they were decided.
+    fn queue_locked(
+        self: &Arc<Self>,
+        state: &mut State,
+        cmds: Vec<Cmd>,
+        then_reread: Option<String>,
+    ) {
+        if cmds.is_empty() && then_reread.is_none() {
             return;
         }
-        self.queue_tracking(cmds, false);
-        self.flush_tracking();
-    }
-
-    /// Sends the queued registrations on their own (from a task).
-    fn flush_tracking(self: &Arc<Self>) {
-        if self.watcher.state().pending.is_empty() {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let me = Arc::clone(self);
-            rt.spawn(async move {
-                let _ = me.short(&redis::cmd("PING")).await;
-            });
-        }
-    }
-
-    /// The registrations to send ahead of the next command, if any.
-    pub(crate) fn take_tracking(&self) -> Option<(Vec<Cmd>, bool)> {
-        let mut state = self.watcher.state();
-        if state.pending.is_empty() {
-            return None;
-        }
-        let reread_all = std::mem::take(&mut state.reread_all);
-        Some((std::mem::take(&mut state.pending), reread_all))
-    }
-
-    /// What the server answered to registrations sent ahead of a command.
-    pub(crate) fn tracking_sent(self: &Arc<Self>, ok: bool, reread_all: bool) {
-        if !ok {
-            self.watcher_off();
-            return;
-        }
-        if reread_all {
-            let keys = self.watcher.state().watched.core.keys();
-            for key in keys {
-                self.spawn_reread(key);
+        let sender = match &state.jobs {
+            Some(tx) if !tx.is_closed() => tx.clone(),
+            _ => {
+                let (tx, rx) = unbounded_channel();
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn(registrar(Arc::downgrade(self), rx));
+                    }
+                    Err(_) => return,
+                }
+                state.jobs = Some(tx.clone());
+                tx
             }
-        }
+        };
+        let _ = sender.send(Job { cmds, then_reread });
     }
 
-    /// The server refused tracking (or the connection failed while turning it on): losses are
-    /// then found by extends and validity, as without a watcher.
+    /// The server refused tracking: losses are then found by extends and validity, as
+    /// without a watcher.
     fn watcher_off(&self) {
         self.watcher.state().off = true;
     }
 
-    /// A new guard of `key` on server `i` of its guard. A key not covered yet is registered
-    /// and then re-read (the re-read goes out after the registration on the same connection,
-    /// and covers the moment between the grant and it).
-    pub(crate) fn watch(self: &Arc<Self>, key: &str, i: usize, guard: &Arc<GuardState>) {
+    /// A new guard of `key` on server `i` of its guard, granted to a request sent when the
+    /// watcher's push count was `since`. A key not covered yet is registered and then
+    /// re-read (the re-read also covers the moment between the grant and the registration,
+    /// or a push of the key that came before the guard was watched).
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        key: &str,
+        i: usize,
+        guard: &Arc<GuardState>,
+        since: u64,
+    ) {
         if !self.watches() {
             return;
         }
-        let register = self.watcher.state().watched.watch(key, i, guard);
-        if let Some(register) = register {
-            self.queue_tracking(register_cmds(&register), false);
-            self.spawn_reread(key.to_string());
+        let mut state = self.watcher.state();
+        if let Some(register) = state.watched.watch(key, i, guard, since) {
+            self.queue_locked(&mut state, register_cmds(&register), Some(key.to_string()));
         }
     }
 
@@ -123,30 +123,66 @@ impl Inner {
         if !self.watches() {
             return;
         }
-        let register = self.watcher.state().watched.unwatch(key, guard);
-        self.send_register(&register);
+        let mut state = self.watcher.state();
+        let register = state.watched.unwatch(key, guard);
+        if register != Register::Nothing {
+            self.queue_locked(&mut state, register_cmds(&register), None);
+        }
     }
 
     /// A (re)opened shared connection: registers every prefix again and re-reads every watched
-    /// key (changes while it was down were not pushed). Returns whether tracking is on.
-    pub(crate) async fn connected(self: &Arc<Self>, conn: &mut super::conn::Conn) {
+    /// key (changes while it was down were not pushed).
+    pub(crate) async fn connected(self: &Arc<Self>, conn: &mut Conn) {
         if !self.watches() {
             return;
         }
         let (set, keys) = {
             let mut state = self.watcher.state();
-            // What was queued is in the set registered now.
-            state.pending.clear();
-            state.reread_all = false;
             (state.watched.core.connected(), state.watched.core.keys())
         };
-        if !set.is_empty() && conn.query(&tracking_on(&set)).await.is_err() {
-            self.watcher_off();
-            return;
+        if !set.is_empty() {
+            match conn.query(&tracking_on(&set)).await {
+                Ok(_) => {}
+                Err(e) if !is_io(&e) => {
+                    self.watcher_off();
+                    return;
+                }
+                Err(_) => return,
+            }
         }
         for key in keys {
             self.spawn_reread(key);
         }
+    }
+
+    /// The shared connection failed while guards may be held: forget it and reopen it (which
+    /// re-registers and re-reads their keys), every [`REOPEN_EVERY`] until it is up.
+    pub(crate) fn reopen_soon(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut state = self.watcher.state();
+            if state.reopening || state.watched.core.keys().is_empty() {
+                return;
+            }
+            state.reopening = true;
+        }
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                let Some(me) = weak.upgrade() else { return };
+                *me.shared.lock().await = None;
+                let done = me.watcher.state().watched.core.keys().is_empty()
+                    || me.short(&redis::cmd("PING")).await.is_ok();
+                if done {
+                    me.watcher.state().reopening = false;
+                    return;
+                }
+                drop(me);
+                tokio::time::sleep(REOPEN_EVERY).await;
+            }
+        });
     }
 
     fn spawn_reread(self: &Arc<Self>, key: String) {
@@ -156,7 +192,7 @@ impl Inner {
         }
     }
 
-    /// `LOCK.INFO key`, judged by the key's guards.
+    /// `LOCK.INFO key`, judged by the key's guards; then the keys whose re-read is due.
     async fn reread(self: &Arc<Self>, key: &str) {
         let number = self.watcher.state().watched.next_read();
         let reply = self.short(&info_cmd(key)).await;
@@ -165,16 +201,79 @@ impl Inner {
             .as_ref()
             .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
         let guards = self.watcher.state().watched.judged_by(key, number, holders);
-        let Some(info) = info else {
+        if let Some(info) = info {
+            for (i, guard) in guards {
+                guard.check_info(i, &info);
+            }
+        }
+        // A key changed again while this read was out is due now, or after its spacing.
+        let due = self.watcher.state().watched.core.due_now(Instant::now());
+        for key in due {
+            self.spawn_reread(key);
+        }
+        self.arm_timer();
+    }
+
+    /// Re-reads the keys whose spacing is over when it is, from a timer task (one at a time).
+    fn arm_timer(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        for (i, guard) in guards {
-            guard.check_info(i, &info);
+        let at = {
+            let mut state = self.watcher.state();
+            let Some(at) = state.watched.core.next_due() else {
+                return;
+            };
+            if state.timer {
+                return;
+            }
+            state.timer = true;
+            at
+        };
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+            let Some(me) = weak.upgrade() else { return };
+            let due = {
+                let mut state = me.watcher.state();
+                state.timer = false;
+                state.watched.core.due_now(Instant::now())
+            };
+            for key in due {
+                me.spawn_reread(key);
+            }
+            me.arm_timer();
+        });
+    }
+}
+
+/// The registrar task of one client: sends each registration in order (one pipeline), then
+/// the re-read that follows it.
+async fn registrar(inner: Weak<Inner>, mut jobs: UnboundedReceiver<Job>) {
+    while let Some(job) = jobs.recv().await {
+        let Some(me) = inner.upgrade() else {
+            return;
+        };
+        if !job.cmds.is_empty() {
+            match me.pipeline(&job.cmds).await {
+                Ok(()) => {}
+                // The server refused tracking (an ACL, say): the watcher goes off.
+                Err(true) => {
+                    me.watcher_off();
+                    continue;
+                }
+                // Not known to have reached the server: a new connection registers
+                // everything again and re-reads every held key.
+                Err(false) => me.reopen_soon(),
+            }
+        }
+        if let Some(key) = job.then_reread {
+            me.reread(&key).await;
         }
     }
 }
 
-/// The task that reads the shared connection's pushes, for as long as the client lives.
+/// The task that reads one shared connection's pushes, for as long as it lives.
 pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceiver<PushInfo>) {
     loop {
         let due = inner
@@ -203,37 +302,23 @@ pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceive
             return;
         };
         if push.kind == PushKind::Disconnection {
-            // The next request reopens the connection, which re-registers and re-reads.
-            me.forget_shared();
-            // While guards are held, reopen it now (which re-reads their keys), trying again
-            // every half second while the server cannot be reached.
-            let weak = Arc::downgrade(&me);
-            tokio::spawn(async move {
-                loop {
-                    let Some(again) = weak.upgrade() else { return };
-                    if again.watcher.state().watched.core.keys().is_empty() {
-                        return;
-                    }
-                    if again.short(&redis::cmd("PING")).await.is_ok() {
-                        return;
-                    }
-                    drop(again);
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                }
-            });
+            me.reopen_soon();
             continue;
         }
         let Some(keys) = invalidated_keys(push.kind == PushKind::Invalidate, &push.data) else {
             continue;
         };
-        let now_keys = me
-            .watcher
-            .state()
-            .watched
-            .core
-            .invalidated(keys, Instant::now());
+        let now_keys = {
+            let mut state = me.watcher.state();
+            let now_keys = state.watched.core.invalidated(keys, Instant::now());
+            if let Some(register) = state.watched.core.noisy() {
+                me.queue_locked(&mut state, register_cmds(&register), None);
+            }
+            now_keys
+        };
         for key in now_keys {
             me.spawn_reread(key);
         }
+        me.arm_timer();
     }
 }

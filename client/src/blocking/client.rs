@@ -12,7 +12,7 @@ use super::multi::{acquire_all, MultiGuard};
 use super::servers::{no_links, Servers};
 use crate::proto::error::classify;
 use crate::proto::lease::single_server_valid_until;
-use crate::proto::reply::{acquire_outcome, error_outcome, millis, WAIT_REPLY_MARGIN};
+use crate::proto::reply::{acquire_outcome, error_outcome, millis, release_cmd, WAIT_REPLY_MARGIN};
 use crate::proto::watchdog::with_watchdog;
 use crate::{Acquire, LockError, LockInfo, Outcome, OwnerIdentity};
 
@@ -105,8 +105,11 @@ impl LockClient {
             }
             _ => None,
         };
+        // The watcher's push counts before the request: a push in between is re-read for the
+        // guard.
+        let since = self.servers.pushes();
         if request.min_replicas.is_some() {
-            return self.acquire_replicated(key, owner, request, started);
+            return self.acquire_replicated(key, owner, request, started, &since);
         }
         let mut links = request.bind.then(|| no_links(1));
         let outcomes = match links.as_mut() {
@@ -117,6 +120,15 @@ impl LockClient {
         };
         let token = match outcomes.first() {
             Some(Outcome::Granted(t)) => *t,
+            Some(Outcome::Unreachable(_)) if links.is_none() && request.release_all() => {
+                // The request may still be granted when the server gets to it: a release
+                // written behind it on the same link undoes that (the owner is this request's
+                // alone), rather than leave a hold nobody knows of until its ttl.
+                if let Some(instance) = self.servers.instances.first() {
+                    instance.link.send_and_forget(&release_cmd(key, &owner));
+                }
+                return Err(classify(&self.servers.named(outcomes), 1));
+            }
             _ => {
                 if let Some(links) = links {
                     self.servers.discard(links, &outcomes, key, &owner);
@@ -125,7 +137,7 @@ impl LockClient {
                 return Err(classify(&causes, 1));
             }
         };
-        Ok(self.guard(key, owner, request, token, started, links))
+        Ok(self.guard(key, owner, request, token, started, links, &since))
     }
 
     /// The guard of a grant; `started` is when the request was sent.
@@ -137,6 +149,7 @@ impl LockClient {
         token: u64,
         started: Instant,
         links: Option<Vec<Option<BoundLink>>>,
+        since: &[u64],
     ) -> LockGuard {
         let deadline =
             single_server_valid_until(started, request.wait.is_some(), request.ttl, Instant::now());
@@ -148,6 +161,7 @@ impl LockClient {
             vec![(0, token)],
             deadline,
             links,
+            since,
         )
     }
 
@@ -159,6 +173,7 @@ impl LockClient {
         owner: String,
         request: Acquire,
         started: Instant,
+        since: &[u64],
     ) -> Result<LockGuard, LockError> {
         let (replicas, timeout) = request.min_replicas.unwrap_or_default();
         let instance = &self.servers.instances[0];
@@ -184,7 +199,7 @@ impl LockClient {
         let Outcome::Granted(token) = outcome else {
             return Err(classify(&[(name, outcome)], 1));
         };
-        let guard = self.guard(key, owner, request, token, started, None);
+        let guard = self.guard(key, owner, request, token, started, None, since);
         let _ = conn.set_read_timeout(Some(timeout.saturating_add(margin)));
         let acked = redis::cmd("WAIT")
             .arg(replicas)

@@ -186,6 +186,7 @@ impl LockGuard {
         tokens: Vec<(usize, u64)>,
         valid_until: Instant,
         links: Option<Vec<Option<BoundLink>>>,
+        since: &[u64],
     ) -> Self {
         let hold = Hold::new(key, owner, &request, tokens, servers.names(), valid_until);
         let state = Arc::new(State {
@@ -198,7 +199,7 @@ impl LockGuard {
             stop: Mutex::new(false),
             wake: Condvar::new(),
         });
-        state.servers.watch(&state);
+        state.servers.watch(&state, since);
         let watchdog = request.watchdog.map(|w| {
             let state = Arc::clone(&state);
             std::thread::spawn(move || run_watchdog(&state, &w))

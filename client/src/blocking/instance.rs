@@ -97,7 +97,7 @@ impl Instance {
             user: username.clone(),
             password: password.clone(),
             db,
-            timeout: timeout.max(Duration::from_millis(1)),
+            timeout: crate::proto::reply::usable_timeout(timeout),
         }));
         // Login and database are left to `connect`; no CLIENT SETINFO is sent.
         let settings = redis::RedisConnectionInfo::default()
@@ -112,7 +112,7 @@ impl Instance {
             username,
             password,
             db,
-            timeout: timeout.max(Duration::from_millis(1)),
+            timeout: crate::proto::reply::usable_timeout(timeout),
             short: Mutex::new(Vec::new()),
             blocking: Mutex::new(Vec::new()),
             wait_slots: WaitSlots::new(DEFAULT_WAIT_CONNECTIONS),
@@ -238,6 +238,9 @@ pub(crate) fn short_commands(
     cmds: &[Option<Cmd>],
     enough: Option<usize>,
 ) -> Vec<Result<Value, Outcome>> {
+    // One timeout for every reply, counted from the sending (as on the pooled connections).
+    let timeout = instances.first().map_or(Duration::ZERO, |i| i.timeout);
+    let deadline = Instant::now() + timeout;
     let (tx, rx) = std::sync::mpsc::channel();
     let mut on_link = vec![false; cmds.len()];
     let mut on_pool: Vec<Option<Cmd>> = Vec::with_capacity(cmds.len());
@@ -265,8 +268,6 @@ pub(crate) fn short_commands(
             }
         }
     }
-    let timeout = instances.first().map_or(Duration::ZERO, |i| i.timeout);
-    let deadline = Instant::now() + timeout + WAIT_REPLY_MARGIN;
     while waiting > 0 && enough.is_none_or(|n| replied < n) {
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok((i, reply)) = rx.recv_timeout(left) else {

@@ -125,10 +125,15 @@ impl Redlock {
         let bind = attempts.request().bind;
         // A bound request's connections, kept from one attempt to the next.
         let mut links = bind.then(|| no_links(self.servers.instances.len()));
+        // The watchers' push counts before the round that grants (see `Servers::watch`).
+        let mut since = self.servers.pushes();
         let mut step = attempts.start(Instant::now());
         loop {
             step = match step {
                 Step::Send { cmds, wait, what } => {
+                    if matches!(what, Sending::Attempt | Sending::QueueWait) {
+                        since = self.servers.pushes();
+                    }
                     let replies = match (links.as_mut(), what) {
                         // Only attempts and their releases go over bound connections (a bound
                         // request never queues).
@@ -176,6 +181,7 @@ impl Redlock {
                         grant.tokens,
                         grant.valid_until,
                         kept,
+                        &since,
                     ));
                 }
                 // A bound request's connections close here; its failed attempts were released.

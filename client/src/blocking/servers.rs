@@ -167,11 +167,18 @@ impl Servers {
             .collect()
     }
 
-    /// Puts a new guard under the loss watchers of the servers that granted it.
-    pub(crate) fn watch(&self, state: &Arc<State>) {
+    /// Each server's watcher's push count, taken before a request that may grant.
+    pub(crate) fn pushes(&self) -> Vec<u64> {
+        self.instances.iter().map(|i| i.link.pushes()).collect()
+    }
+
+    /// Puts a new guard under the loss watchers of the servers that granted it (`since`: the
+    /// push counts taken before its request was sent).
+    pub(crate) fn watch(&self, state: &Arc<State>, since: &[u64]) {
         for (i, instance) in self.instances.iter().enumerate() {
             if state.hold.tokens.iter().any(|(j, _)| *j == i) {
-                instance.link.watch(&state.hold.key, i, state);
+                let since = since.get(i).copied().unwrap_or(0);
+                instance.link.watch(&state.hold.key, i, state, since);
             }
         }
     }

@@ -24,7 +24,7 @@ use super::bound::{connect_stream, Stream};
 use super::guard::State as GuardState;
 use crate::proto::reply::info_cmd;
 use crate::proto::watch::{
-    invalidated_keys, register_cmds, reread_info, tracking_on, Register, Watched,
+    invalidated_keys, register_cmds, reread_info, tracking_on, tracking_refused, Register, Watched,
 };
 use crate::Outcome;
 
@@ -42,6 +42,8 @@ enum Slot {
     Reread(String, u64),
     /// The reply to a tracking registration: a refusal turns the link's watcher off.
     Tracking,
+    /// A reply nobody waits for.
+    Ignore,
 }
 
 /// The writing side of the current connection and its line of reply slots.
@@ -106,6 +108,11 @@ impl WatchLink {
         self.off.load(Ordering::SeqCst)
     }
 
+    /// The number of the last invalidation received (taken before a request that may grant).
+    pub(crate) fn pushes(&self) -> u64 {
+        locked(&self.watched).core.pushes()
+    }
+
     /// Whether short commands go over the link now.
     pub(crate) fn is_up(&self) -> bool {
         !self.is_off()
@@ -139,13 +146,31 @@ impl WatchLink {
         let Some(w) = writer.as_mut() else {
             return false;
         };
-        locked(&w.slots).push_back(Slot::Caller(index, tx.clone()));
+        // The slot goes in line only if the reader is still there to answer it (it drains the
+        // line under the same lock when it ends).
+        {
+            let mut slots = locked(&w.slots);
+            if !w.alive.load(Ordering::SeqCst) {
+                return false;
+            }
+            slots.push_back(Slot::Caller(index, tx.clone()));
+        }
         if w.stream.write_all(&cmd.get_packed_command()).is_err() {
+            // Nothing was answered for it: take the slot back (the caller tries elsewhere, and
+            // must not also get a late "connection closed" for this server).
             w.alive.store(false, Ordering::SeqCst);
+            drop(locked(&w.slots).pop_back());
+            w.stream.shutdown();
             *writer = None;
             return false;
         }
         true
+    }
+
+    /// Writes `cmd` on the link (behind whatever was written before it) without waiting for
+    /// its reply; false when the link is down.
+    pub(crate) fn send_and_forget(&self, cmd: &Cmd) -> bool {
+        self.send_slot(cmd, Slot::Ignore)
     }
 
     /// Sends a command whose reply goes to `slot`, if the link is up.
@@ -157,12 +182,20 @@ impl WatchLink {
     /// `MULTI` ... `EXEC` must not take in someone else's request).
     fn send_all(&self, cmds: Vec<(&Cmd, Slot)>) -> bool {
         let mut writer = locked(&self.writer);
+        Self::write_all(&mut writer, cmds)
+    }
+
+    /// [`WatchLink::send_all`] with the writer already locked.
+    fn write_all(writer: &mut Option<Writer>, cmds: Vec<(&Cmd, Slot)>) -> bool {
         let Some(w) = writer.as_mut().filter(|w| w.alive.load(Ordering::SeqCst)) else {
             return false;
         };
         let mut bytes = Vec::new();
         {
             let mut slots = locked(&w.slots);
+            if !w.alive.load(Ordering::SeqCst) {
+                return false;
+            }
             for (cmd, slot) in cmds {
                 bytes.extend(cmd.get_packed_command());
                 slots.push_back(slot);
@@ -170,6 +203,7 @@ impl WatchLink {
         }
         if w.stream.write_all(&bytes).is_err() {
             w.alive.store(false, Ordering::SeqCst);
+            w.stream.shutdown();
             *writer = None;
             return false;
         }
@@ -295,15 +329,7 @@ impl WatchLink {
             .name("redis-lock-watch-connect".into())
             .spawn(move || {
                 if let Some(link) = me.upgrade() {
-                    let mut writer = locked(&link.writer);
-                    if writer
-                        .as_ref()
-                        .is_none_or(|w| !w.alive.load(Ordering::SeqCst))
-                    {
-                        *writer = None;
-                        *writer = link.connect();
-                    }
-                    drop(writer);
+                    link.reconnect();
                     link.connecting.store(false, Ordering::SeqCst);
                 }
             });
@@ -312,26 +338,79 @@ impl WatchLink {
         }
     }
 
-    fn register(self: &Arc<Self>, register: &Register) {
-        let cmds = register_cmds(register);
-        self.send_all(cmds.iter().map(|c| (c, Slot::Tracking)).collect());
+    /// Opens a connection if there is none that works, without holding the writer lock while
+    /// it connects (requests meanwhile use the pooled connections); true when one is up.
+    fn reconnect(self: &Arc<Self>) -> bool {
+        if self.is_up() {
+            return true;
+        }
+        let Some(fresh) = self.connect() else {
+            return false;
+        };
+        {
+            let mut writer = locked(&self.writer);
+            if writer
+                .as_ref()
+                .is_some_and(|w| w.alive.load(Ordering::SeqCst))
+            {
+                return true;
+            }
+            *writer = Some(fresh);
+        }
+        // The handshake registered the keys watched when it began; guards watched while it
+        // ran are registered now (the whole set, replacing), and every key re-read.
+        let keys = self.register_with(|w| (Some(w.core.resync()), w.core.keys()));
+        for key in keys {
+            self.reread(key);
+        }
+        true
+    }
+
+    /// Decides a registration and writes it under the writer lock, so that registrations
+    /// reach the server in the order they were decided (a replacement of the set must not
+    /// overtake an addition decided before it). `decide` runs with the watcher state locked.
+    fn register_with<R>(
+        &self,
+        decide: impl FnOnce(&mut Watched<GuardState>) -> (Option<Register>, R),
+    ) -> R {
+        let mut writer = locked(&self.writer);
+        let (register, out) = decide(&mut locked(&self.watched));
+        if let Some(register) = register {
+            let cmds = register_cmds(&register);
+            Self::write_all(
+                &mut writer,
+                cmds.iter().map(|c| (c, Slot::Tracking)).collect(),
+            );
+        }
+        out
     }
 
     /// A new guard of `key` on server `i` of its guard. A key not covered yet is registered
     /// and then re-read (both written in that order on the link; the re-read covers the
     /// moment between the grant and the registration). A link that is down opens in the
     /// background and re-reads every watched key once up.
-    pub(crate) fn watch(self: &Arc<Self>, key: &str, i: usize, guard: &Arc<GuardState>) {
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        key: &str,
+        i: usize,
+        guard: &Arc<GuardState>,
+        since: u64,
+    ) {
         if self.is_off() {
             return;
         }
-        let register = locked(&self.watched).watch(key, i, guard);
-        if let Some(register) = register {
-            if !self.is_up() {
-                self.connect_in_background();
-                return;
-            }
-            self.register(&register);
+        if !self.is_up() {
+            // Opening it registers every watched key and re-reads each.
+            locked(&self.watched).watch(key, i, guard, since);
+            self.connect_in_background();
+            return;
+        }
+        let reread = self.register_with(|w| {
+            let register = w.watch(key, i, guard, since);
+            let reread = register.is_some();
+            (register, reread)
+        });
+        if reread {
             self.reread(key.to_string());
         }
     }
@@ -341,22 +420,17 @@ impl WatchLink {
         if self.is_off() {
             return;
         }
-        let register = locked(&self.watched).unwatch(key, guard);
-        self.register(&register);
+        self.register_with(|w| (Some(w.unwatch(key, guard)), ()));
     }
 
     /// An invalidation push.
     fn invalidated(self: &Arc<Self>, keys: Option<Vec<String>>) {
-        let (now_keys, noisy) = {
-            let mut w = locked(&self.watched);
+        let now_keys = self.register_with(|w| {
             let now_keys = w.core.invalidated(keys, Instant::now());
-            (now_keys, w.core.noisy())
-        };
+            (w.core.noisy(), now_keys)
+        });
         for key in now_keys {
             self.reread(key);
-        }
-        if let Some(register) = noisy {
-            self.register(&register);
         }
         self.arm_timer();
     }
@@ -449,9 +523,13 @@ fn read_loop(
                         let _ = tx.send((index, reply));
                     }
                     Some(Slot::Reread(key, number)) => me.judge(&key, number, reply),
+                    Some(Slot::Ignore) => {}
                     Some(Slot::Tracking) => {
-                        if matches!(&reply, Err(o) if o.is_refusal()) {
-                            me.off.store(true, Ordering::SeqCst);
+                        if let Err(o) = &reply {
+                            let text = o.error_text().unwrap_or_default();
+                            if o.is_refusal() && tracking_refused(text) {
+                                me.off.store(true, Ordering::SeqCst);
+                            }
                         }
                     }
                     None => {}
@@ -460,8 +538,12 @@ fn read_loop(
             Err(_) => break,
         }
     }
-    alive.store(false, Ordering::SeqCst);
-    for slot in locked(&slots).drain(..) {
+    let drained: Vec<Slot> = {
+        let mut line = locked(&slots);
+        alive.store(false, Ordering::SeqCst);
+        line.drain(..).collect()
+    };
+    for slot in drained {
         if let Slot::Caller(index, tx) = slot {
             let _ = tx.send((index, Err(Outcome::Unreachable("connection closed".into()))));
         }
@@ -475,20 +557,10 @@ fn read_loop(
         if locked(&me.watched).core.keys().is_empty() || me.is_off() {
             return;
         }
-        let mut writer = locked(&me.writer);
-        if writer
-            .as_ref()
-            .is_some_and(|w| w.alive.load(Ordering::SeqCst))
-        {
-            return;
-        }
-        *writer = None;
         *locked(&me.retry_at) = None;
-        if let Some(w) = me.connect() {
-            *writer = Some(w);
+        if me.reconnect() {
             return;
         }
-        drop(writer);
         drop(me);
         std::thread::sleep(RETRY_AFTER);
     }

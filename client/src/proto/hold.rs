@@ -138,14 +138,18 @@ impl Hold {
     /// lock lost.
     pub(crate) fn loss_in_info(&self, i: usize, info: &Option<LockInfo>) -> Option<LossCause> {
         let cause = super::lease::cause_from_info(info, &self.owner)?;
-        let gone = {
+        // The servers that still hold it: those that granted and were not found gone since.
+        let holding = {
             let mut gone = self.gone.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(g) = gone.get_mut(i) {
                 *g = true;
             }
-            gone.iter().filter(|g| **g).count()
+            self.tokens
+                .iter()
+                .filter(|(j, _)| !gone.get(*j).copied().unwrap_or(true))
+                .count()
         };
-        if self.names.len() - gone.min(self.names.len()) >= self.quorum() {
+        if holding >= self.quorum() {
             return None;
         }
         Some(cause)

@@ -74,6 +74,15 @@ impl Outcome {
     }
 }
 
+/// The longest per-request timeout a client takes (a longer one is cut to it): timeouts are
+/// added to clock readings, which a `Duration::MAX` would overflow.
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// A client's timeout as it is used: at least 1 ms, at most [`MAX_TIMEOUT`].
+pub(crate) fn usable_timeout(timeout: Duration) -> Duration {
+    timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT)
+}
+
 /// What a request that got no reply reads as, in both faces.
 pub(crate) const NO_REPLY: &str = "no reply in time";
 

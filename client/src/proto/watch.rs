@@ -78,7 +78,17 @@ pub(crate) struct Watch {
     spacing: HashMap<String, Duration>,
     /// Pushes for keys no guard holds, since the last rebuild.
     ignored: usize,
+    /// Invalidations received so far (a flush counts as one naming every key).
+    pushes: u64,
+    /// For keys pushed while no guard held them: the number of the last push naming them
+    /// (at most [`MAX_RECENT`] keys), so a guard granted around that push re-reads its key.
+    recent: HashMap<String, u64>,
+    /// The number of the last flush push.
+    flushed: u64,
 }
+
+/// How many pushed keys [`Watch`] remembers for guards being granted.
+const MAX_RECENT: usize = 4096;
 
 /// `CLIENT TRACKING on BCAST NOLOOP PREFIX p ...`.
 pub(crate) fn tracking_on(prefixes: &[String]) -> Cmd {
@@ -95,6 +105,14 @@ pub(crate) fn tracking_off() -> Cmd {
     let mut cmd = redis::cmd("CLIENT");
     cmd.arg("TRACKING").arg("off");
     cmd
+}
+
+/// Whether an error reply to a registration means the server will not track for this client
+/// (an ACL without `client|tracking`, an unknown command). A prefix that "overlaps with an
+/// existing prefix" is not such a refusal: the prefix was registered already (a reconnect
+/// registered the whole set while this registration was on its way).
+pub(crate) fn tracking_refused(error_text: &str) -> bool {
+    !error_text.to_ascii_lowercase().contains("overlap")
 }
 
 /// What a registration sends.
@@ -171,13 +189,22 @@ impl Watch {
             .is_some_and(|p| key.starts_with(p.as_str()))
     }
 
-    /// A guard of `key` was granted: what to register so that every later change of the key
-    /// by anyone else is pushed. `None` when the key was covered already (nothing to send);
-    /// otherwise the registration, to be followed by a re-read of the key.
-    pub(crate) fn granted(&mut self, key: &str) -> Option<Register> {
+    /// The number of the last invalidation received: a face takes it before sending a request
+    /// that may grant, and hands it to [`Watch::granted`].
+    pub(crate) fn pushes(&self) -> u64 {
+        self.pushes
+    }
+
+    /// A guard of `key` was granted to a request sent when [`Watch::pushes`] was `since`: what
+    /// to register so that every later change of the key by anyone else is pushed. `None`
+    /// when the key was covered and no push named it since (nothing to do); otherwise the
+    /// registration (possibly [`Register::Nothing`]), to be followed by a re-read of the key:
+    /// a push that came between the grant and now was not judged by this guard.
+    pub(crate) fn granted(&mut self, key: &str, since: u64) -> Option<Register> {
         self.watch(key);
+        let pushed_since = self.flushed > since || self.recent.get(key).is_some_and(|n| *n > since);
         if self.covered(key) {
-            return None;
+            return pushed_since.then_some(Register::Nothing);
         }
         Some(self.cover(key))
     }
@@ -223,11 +250,21 @@ impl Watch {
         Register::Rebuild(set)
     }
 
+    /// The set to register now, replacing what is registered (after a connection was set up
+    /// from an older snapshot of the watched keys).
+    pub(crate) fn resync(&mut self) -> Register {
+        self.rebuild(None)
+    }
+
     /// A new connection (or a reconnect): everything must be registered again, and every key
     /// re-read (changes while it was down were not pushed).
     pub(crate) fn connected(&mut self) -> Vec<String> {
         self.in_flight.clear();
         self.due.clear();
+        // Changes before this connection were not pushed on it: a guard granted to a request
+        // sent before now re-reads its key, as after a flush.
+        self.pushes += 1;
+        self.flushed = self.pushes;
         let registered = std::mem::take(&mut self.registered);
         let set = minimal(self.keys.keys().cloned().chain(registered));
         self.registered = set.iter().cloned().collect();
@@ -237,17 +274,29 @@ impl Watch {
     /// An invalidation (`None`: every key). Returns the watched keys to re-read now; others
     /// are due later ([`Watch::next_due`]).
     pub(crate) fn invalidated(&mut self, keys: Option<Vec<String>>, now: Instant) -> Vec<String> {
+        self.pushes += 1;
         let keys: Vec<String> = match keys {
             Some(keys) => {
-                let all = keys.len();
-                let held: Vec<String> = keys
-                    .into_iter()
-                    .filter(|k| self.keys.contains_key(k))
-                    .collect();
-                self.ignored += all - held.len();
+                let mut held = Vec::with_capacity(keys.len());
+                for k in keys {
+                    if self.keys.contains_key(&k) {
+                        held.push(k);
+                    } else {
+                        self.ignored += 1;
+                        if self.recent.len() >= MAX_RECENT {
+                            // Forgetting makes a guard granted now re-read: safe.
+                            self.recent.clear();
+                            self.flushed = self.pushes;
+                        }
+                        self.recent.insert(k, self.pushes);
+                    }
+                }
                 held
             }
-            None => self.keys(),
+            None => {
+                self.flushed = self.pushes;
+                self.keys()
+            }
         };
         let mut now_keys = Vec::new();
         for k in keys {
@@ -272,6 +321,13 @@ impl Watch {
     /// keys' (see the module docs).
     pub(crate) fn noisy(&mut self) -> Option<Register> {
         if self.ignored < MAX_IGNORED_PUSHES {
+            return None;
+        }
+        self.ignored = 0;
+        // Only when the set would change (a held key can be the prefix of a busy one: then
+        // the pushes stay).
+        let set = minimal(self.keys.keys().cloned());
+        if set.iter().eq(self.registered.iter()) {
             return None;
         }
         Some(self.rebuild(None))
@@ -351,10 +407,17 @@ impl<G> Default for Watched<G> {
 }
 
 impl<G> Watched<G> {
-    /// A new guard of `key`, on server `i` of its guard: the registration to send when the
-    /// key was not covered (then followed by a re-read, which judges this guard).
-    pub(crate) fn watch(&mut self, key: &str, i: usize, guard: &Arc<G>) -> Option<Register> {
-        let register = self.core.granted(key);
+    /// A new guard of `key`, on server `i` of its guard, granted to a request sent when the
+    /// pushes numbered `since` (see [`Watch::granted`]): the registration to send, then a
+    /// re-read, which judges this guard; `None` for nothing to do.
+    pub(crate) fn watch(
+        &mut self,
+        key: &str,
+        i: usize,
+        guard: &Arc<G>,
+        since: u64,
+    ) -> Option<Register> {
+        let register = self.core.granted(key, since);
         let first = self.reads_sent + 1;
         self.guards
             .entry(key.to_string())
@@ -365,13 +428,21 @@ impl<G> Watched<G> {
 
     /// A guard of `key` is done; a rebuild of the prefixes may be due.
     pub(crate) fn unwatch(&mut self, key: &str, guard: *const G) -> Register {
-        if let Some(list) = self.guards.get_mut(key) {
-            list.retain(|(_, g, _)| !std::ptr::eq(g.as_ptr(), guard));
-            if list.is_empty() {
-                self.guards.remove(key);
-            }
+        let Some(list) = self.guards.get_mut(key) else {
+            return Register::Nothing;
+        };
+        let before = list.len();
+        list.retain(|(_, g, _)| !std::ptr::eq(g.as_ptr(), guard));
+        let removed = before - list.len();
+        if list.is_empty() {
+            self.guards.remove(key);
         }
-        self.core.unwatch(key)
+        // Only this guard's own registrations (one per time it was watched here).
+        let mut register = Register::Nothing;
+        for _ in 0..removed {
+            register = self.core.unwatch(key);
+        }
+        register
     }
 
     /// The number of a re-read about to be sent.
@@ -413,7 +484,7 @@ mod tests {
     #[test]
     fn prefixes_never_overlap_and_cover_every_watched_key() {
         let mut w = Watch::default();
-        let add = |w: &mut Watch, k: &str| w.granted(k);
+        let add = |w: &mut Watch, k: &str| w.granted(k, 0);
         assert_eq!(
             add(&mut w, "lock:ab"),
             Some(Register::Add("lock:ab".into()))
@@ -433,7 +504,7 @@ mod tests {
     fn stale_prefixes_are_dropped_once_many() {
         let mut w = Watch::default();
         let add = |w: &mut Watch, k: &str| {
-            w.granted(k);
+            w.granted(k, 0);
         };
         add(&mut w, "kept");
         for i in 0..MAX_STALE {
@@ -451,7 +522,7 @@ mod tests {
     fn rereads_are_coalesced_and_spaced() {
         let mut w = Watch::default();
         for k in ["a", "b"] {
-            w.granted(k);
+            w.granted(k, 0);
         }
         let t = Instant::now();
         assert_eq!(
@@ -471,9 +542,36 @@ mod tests {
     }
 
     #[test]
+    fn a_guard_granted_around_a_push_of_its_covered_key_rereads_it() {
+        let mut w = Watch::default();
+        assert!(w.granted("k", 0).is_some(), "first time: registered");
+        w.unwatch("k");
+        let since = w.pushes();
+        assert_eq!(
+            w.granted("k", since),
+            None,
+            "covered, nothing pushed: nothing to do"
+        );
+        w.unwatch("k");
+        let since = w.pushes();
+        // A push for the key while no guard held it (the grant's own change, a DEL right
+        // after it): the guard granted meanwhile must re-read.
+        w.invalidated(Some(vec!["k".into()]), Instant::now());
+        assert_eq!(w.granted("k", since), Some(Register::Nothing));
+        w.unwatch("k");
+        let since = w.pushes();
+        w.invalidated(None, Instant::now());
+        assert_eq!(
+            w.granted("k", since),
+            Some(Register::Nothing),
+            "a flush too"
+        );
+    }
+
+    #[test]
     fn a_key_with_many_holders_is_reread_less_often() {
         let mut w = Watch::default();
-        w.granted("readers");
+        w.granted("readers", 0);
         let t = Instant::now();
         assert_eq!(
             w.invalidated(Some(vec!["readers".into()]), t),
@@ -490,8 +588,8 @@ mod tests {
     #[test]
     fn pushes_for_keys_no_longer_held_shrink_the_set() {
         let mut w = Watch::default();
-        w.granted("held");
-        w.granted("gone");
+        w.granted("held", 0);
+        w.granted("gone", 0);
         w.unwatch("gone");
         let t = Instant::now();
         for _ in 0..MAX_IGNORED_PUSHES - 1 {
@@ -501,6 +599,11 @@ mod tests {
         w.invalidated(Some(vec!["gone".into()]), t);
         assert_eq!(w.noisy(), Some(Register::Rebuild(vec!["held".into()])));
         assert_eq!(w.noisy(), None, "counted again from zero");
+        // The same set again: no rebuild, however many pushes.
+        for _ in 0..MAX_IGNORED_PUSHES * 3 {
+            w.invalidated(Some(vec!["gone".into()]), t);
+            assert_eq!(w.noisy(), None);
+        }
         let cmds = rebuild_cmds(&["held".into()]);
         assert_eq!(cmds.len(), 4, "MULTI, off, on, EXEC");
     }
