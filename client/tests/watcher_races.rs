@@ -2,6 +2,8 @@
 //! client before its fix): a quorum lock on exactly a majority losing one server, a key
 //! changed again while its re-read is out, a change between a waited grant and the guard's
 //! registration, a cancelled async release, a timeout too large for the clock.
+#![cfg(feature = "tokio")]
+
 mod common;
 
 use std::time::Duration;

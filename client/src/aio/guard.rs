@@ -249,6 +249,8 @@ pub struct AsyncLockGuard {
 }
 
 impl AsyncLockGuard {
+    // The parts of a grant, each from a different step of the acquire.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         clients: Arc<[AsyncLockClient]>,
         key: &str,

@@ -141,6 +141,8 @@ impl LockClient {
     }
 
     /// The guard of a grant; `started` is when the request was sent.
+    // The parts of a grant, each from a different step of the acquire.
+    #[allow(clippy::too_many_arguments)]
     fn guard(
         &self,
         key: &str,

@@ -178,6 +178,8 @@ pub struct LockGuard {
 impl LockGuard {
     /// `links`: for a bound guard, the connection each server granted on (`None` where it did
     /// not grant).
+    // The parts of a grant, each from a different step of the acquire.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         servers: Arc<Servers>,
         key: &str,

@@ -297,6 +297,7 @@ impl Attempts {
     }
 
     /// The owner of the attempt in progress.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn owner(&self) -> &str {
         &self.owner
     }
