@@ -13,7 +13,7 @@
 //! it, re-reads the key (`LOCK.INFO`) and the key's guards decide whether they lost their hold,
 //! within about a millisecond (see [loss](crate#loss)). The client's commands on that
 //! connection push nothing (`NOLOOP`), so a held lock costs no more than its extends. A key is
-//! registered once a guard of it is granted (sent ahead of the connection's next command, then
+//! registered once a guard of it is granted (by one task per client, in the order decided, then
 //! a re-read of the key), so a request never waits for a registration and a request that is not
 //! granted registers nothing. A cluster client has no
 //! such watcher, nor has a server or ACL user that refuses `CLIENT TRACKING` (the client then
