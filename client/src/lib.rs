@@ -267,7 +267,7 @@
 //! waiting or polling clients get no pushes, and a key locked again and again is registered
 //! once. Keys no longer held stop being pushed after a few pushes (the registered set is
 //! replaced by the held keys' in one `MULTI`/`EXEC`). Measured
-//! on a development machine (loopback), a `DEL` fired the async [`aio::LostSignal`] after 0.3 ms
+//! on a development machine (loopback), a `DEL` fired the async [`aio::LostSignal`] after 0.4 ms
 //! (median; at most 0.6 ms), and `is_lost()` polled every millisecond was true at the first
 //! poll; `docs/benchmarks.md` has the other events. A lone holder whose ttl runs out on
 //! the server is pushed when Redis deletes the expired key (active expiry, up to about 100 ms
