@@ -80,6 +80,33 @@ fn cause_of(outcome: &Outcome) -> LossCause {
     }
 }
 
+/// What the servers answered to an extend or a release, counted.
+struct Tally {
+    /// Servers that did it (still held it).
+    ok: usize,
+    /// Servers that may still hold it: all but those that refused.
+    holding: usize,
+    /// The first refusal: its server and the cause it points at.
+    first_refusal: Option<(usize, LossCause)>,
+}
+
+impl Tally {
+    fn of(outcomes: &[Outcome]) -> Self {
+        Tally {
+            ok: outcomes
+                .iter()
+                .filter(|o| matches!(o, Outcome::Granted(_)))
+                .count(),
+            holding: outcomes.iter().filter(|o| !o.is_refusal()).count(),
+            first_refusal: outcomes
+                .iter()
+                .enumerate()
+                .find(|(_, o)| o.is_refusal())
+                .map(|(i, o)| (i, cause_of(o))),
+        }
+    }
+}
+
 /// The answer to an extend or a release, once the lease has read the servers' replies.
 #[derive(Debug)]
 pub(crate) enum Verdict<T> {
@@ -226,19 +253,12 @@ impl Lease {
         ttl: Duration,
         now: Instant,
     ) -> Verdict<Duration> {
-        let ok = outcomes
-            .iter()
-            .filter(|o| matches!(o, Outcome::Granted(_)))
-            .count();
-        let refused = outcomes.iter().position(Outcome::is_refusal);
-        let gone = outcomes.iter().filter(|o| o.is_refusal()).count();
-        let n = outcomes.len();
-        let first_refusal = refused.and_then(|i| outcomes.get(i)).map(cause_of);
+        let tally = Tally::of(outcomes);
         let causes = self.named(outcomes);
         if self.loss.is_some() {
             return Verdict::Done(Err(self.lost_error()));
         }
-        if ok >= self.quorum {
+        if tally.ok >= self.quorum {
             if now >= self.valid_until {
                 return Verdict::Done(Err(self.record(LossCause::Expired, causes)));
             }
@@ -258,7 +278,7 @@ impl Lease {
         if closed {
             return Verdict::Done(Err(self.record(LossCause::ConnectionClosed, causes)));
         }
-        if let Some(verdict) = self.too_few_hold(n - gone, first_refusal, refused, causes.clone()) {
+        if let Some(verdict) = self.too_few_hold(&tally, causes.clone()) {
             return verdict;
         }
         if now >= self.valid_until {
@@ -267,23 +287,20 @@ impl Lease {
         Verdict::Done(Err(classify(&causes, self.quorum)))
     }
 
-    /// When fewer than a quorum of servers may still hold the lock (`holding` of them; the
-    /// others refused): the loss, named by the first refusal, or a closer look at it.
+    /// When fewer than a quorum of servers may still hold the lock (the others refused): the
+    /// loss, named by the first refusal, or a closer look at it.
     fn too_few_hold<T>(
         &mut self,
-        holding: usize,
-        first_refusal: Option<LossCause>,
-        refused: Option<usize>,
+        tally: &Tally,
         causes: Vec<(String, Outcome)>,
     ) -> Option<Verdict<T>> {
-        if holding >= self.quorum {
+        if tally.holding >= self.quorum {
             return None;
         }
-        Some(match (first_refusal, refused) {
-            (Some(LossCause::Ended), Some(i)) => Verdict::Diagnose(i),
-            (cause, _) => {
-                Verdict::Done(Err(self.record(cause.unwrap_or(LossCause::Ended), causes)))
-            }
+        Some(match tally.first_refusal {
+            Some((i, LossCause::Ended)) => Verdict::Diagnose(i),
+            Some((_, cause)) => Verdict::Done(Err(self.record(cause, causes))),
+            None => Verdict::Done(Err(self.record(LossCause::Ended, causes))),
         })
     }
 
@@ -313,16 +330,9 @@ impl Lease {
         now: Instant,
     ) -> Verdict<()> {
         self.released = true;
-        let ok = outcomes
-            .iter()
-            .filter(|o| matches!(o, Outcome::Granted(_)))
-            .count();
-        let refused = outcomes.iter().position(Outcome::is_refusal);
-        let gone = outcomes.iter().filter(|o| o.is_refusal()).count();
-        let n = outcomes.len();
-        let first_refusal = refused.and_then(|i| outcomes.get(i)).map(cause_of);
+        let tally = Tally::of(outcomes);
         let causes = self.named(outcomes);
-        if ok >= self.quorum && (self.own_owner || now < self.valid_until) {
+        if tally.ok >= self.quorum && (self.own_owner || now < self.valid_until) {
             // Held without a break until the release, whatever was believed meanwhile.
             self.loss = None;
             return Verdict::Done(Ok(()));
@@ -333,10 +343,10 @@ impl Lease {
         if closed {
             return Verdict::Done(Err(self.record(LossCause::ConnectionClosed, causes)));
         }
-        if ok >= self.quorum {
+        if tally.ok >= self.quorum {
             return Verdict::Done(Err(self.record(LossCause::Expired, causes)));
         }
-        if let Some(verdict) = self.too_few_hold(n - gone, first_refusal, refused, causes.clone()) {
+        if let Some(verdict) = self.too_few_hold(&tally, causes.clone()) {
             return verdict;
         }
         // Not confirmed, and the validity is over: the lock may have ended meanwhile.

@@ -421,13 +421,7 @@ impl Attempts {
         let valid_until = quorum_valid_until(sent, self.request.ttl, now);
         if tokens.len() >= self.quorum {
             if let Some(valid_until) = valid_until {
-                self.phase = Phase::Finished;
-                return Step::Granted(Grant {
-                    owner: self.owner.clone(),
-                    tokens,
-                    valid_until,
-                    outcomes,
-                });
+                return self.granted(tokens, valid_until, outcomes);
             }
         }
         let answered: Vec<bool> = outcomes
@@ -458,6 +452,22 @@ impl Attempts {
             };
         }
         self.after_failure(error, &answered, now)
+    }
+
+    /// A majority granted: the acquire is over.
+    fn granted(
+        &mut self,
+        tokens: Vec<(usize, u64)>,
+        valid_until: Instant,
+        outcomes: Vec<Outcome>,
+    ) -> Step {
+        self.phase = Phase::Finished;
+        Step::Granted(Grant {
+            owner: self.owner.clone(),
+            tokens,
+            valid_until,
+            outcomes,
+        })
     }
 
     /// After a failed (and released) attempt: give up, queue, or poll again.
@@ -601,13 +611,7 @@ impl Attempts {
                             .unwrap_or(Outcome::Unreachable("not asked".into())),
                     })
                     .collect();
-                self.phase = Phase::Finished;
-                return Step::Granted(Grant {
-                    owner: self.owner.clone(),
-                    tokens,
-                    valid_until,
-                    outcomes,
-                });
+                return self.granted(tokens, valid_until, outcomes);
             }
         }
         let error = classify(&self.named(outcomes), self.quorum);
