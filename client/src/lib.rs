@@ -368,10 +368,8 @@ pub mod aio;
 /// matching version.
 pub use redis;
 
-pub use blocking::{
-    LockClient, LockGuard, MultiGuard, Redlock, BOUND_CLIENT_NAME, DEFAULT_WAIT_CONNECTIONS,
-};
+pub use blocking::{LockClient, LockGuard, MultiGuard, Redlock, BOUND_CLIENT_NAME};
 pub use proto::{
     drift, Acquire, Holder, LockError, LockInfo, LossCause, LostLock, Mode, Outcome, OwnerIdentity,
-    WaitStrategy, Waiter, Watchdog, MAX_CAPACITY, MIN_TTL,
+    WaitStrategy, Waiter, Watchdog, DEFAULT_WAIT_CONNECTIONS, MAX_CAPACITY, MIN_TTL,
 };

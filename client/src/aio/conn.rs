@@ -348,7 +348,7 @@ impl Inner {
 
     /// `cmd` (a release) over a blocking connection of its own, bounded by the timeout: for a
     /// guard dropped where no runtime will run its release (see `AsyncLockGuard`'s drop).
-    pub(crate) fn release_blocking(&self, cmd: &Cmd, key: &str) {
+    pub(crate) fn release_blocking(&self, cmd: &Cmd) {
         match &self.target {
             Target::Single(client) => {
                 if let Ok(mut conn) = client.get_connection_with_timeout(self.timeout) {
@@ -359,7 +359,6 @@ impl Inner {
             }
             #[cfg(feature = "cluster")]
             Target::Cluster { shared, .. } => {
-                let _ = key;
                 if let Ok(mut conn) = shared.get_connection() {
                     let _ = conn.set_read_timeout(Some(self.timeout));
                     let _ = conn.set_write_timeout(Some(self.timeout));

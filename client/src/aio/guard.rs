@@ -199,7 +199,7 @@ impl GuardState {
         let cmd = self.hold.release_cmd();
         for (i, client) in self.clients.iter().enumerate() {
             if self.hold.tokens.iter().any(|(j, _)| *j == i) {
-                client.inner.release_blocking(&cmd, &self.hold.key);
+                client.inner.release_blocking(&cmd);
             }
         }
     }

@@ -163,7 +163,7 @@ impl Inner {
         };
         {
             let mut state = self.watcher.state();
-            if state.reopening || state.watched.core.keys().is_empty() {
+            if state.reopening || !state.watched.core.has_keys() {
                 return;
             }
             state.reopening = true;
@@ -173,7 +173,7 @@ impl Inner {
             loop {
                 let Some(me) = weak.upgrade() else { return };
                 *me.shared.lock().await = None;
-                let done = me.watcher.state().watched.core.keys().is_empty()
+                let done = !me.watcher.state().watched.core.has_keys()
                     || me.short(&redis::cmd("PING")).await.is_ok();
                 if done {
                     me.watcher.state().reopening = false;

@@ -32,9 +32,10 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::slots::{WaitSlots, DEFAULT_WAIT_CONNECTIONS};
+use super::slots::WaitSlots;
 use super::watch::{Target as WatchTarget, WatchLink};
 use crate::proto::reply::{error_outcome, unreachable, NO_REPLY, WAIT_REPLY_MARGIN};
+use crate::DEFAULT_WAIT_CONNECTIONS;
 use crate::{LockError, Outcome};
 use redis::{Client, Cmd, Connection, ConnectionInfo, ConnectionLike, IntoConnectionInfo, Value};
 use std::sync::Arc;

@@ -15,7 +15,6 @@ pub use client::LockClient;
 pub use guard::LockGuard;
 pub use multi::MultiGuard;
 pub use redlock::Redlock;
-pub use slots::DEFAULT_WAIT_CONNECTIONS;
 
 /// `using`: the guard (with a watchdog) from `acquire`, `work` run with it, then the release;
 /// `work`'s value only if the lock was held until the release.

@@ -7,10 +7,6 @@ use std::time::{Duration, Instant};
 
 use crate::LockError;
 
-/// How many connections for waits a client opens at most per server, unless set with
-/// `max_wait_connections`.
-pub const DEFAULT_WAIT_CONNECTIONS: usize = 64;
-
 pub(crate) struct WaitSlots {
     limit: usize,
     state: Mutex<Slots>,

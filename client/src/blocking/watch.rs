@@ -554,7 +554,7 @@ fn read_loop(
         let Some(me) = link.upgrade() else {
             return;
         };
-        if locked(&me.watched).core.keys().is_empty() || me.is_off() {
+        if !locked(&me.watched).core.has_keys() || me.is_off() {
             return;
         }
         *locked(&me.retry_at) = None;

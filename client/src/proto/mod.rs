@@ -21,7 +21,7 @@ pub use info::{Holder, LockInfo, OwnerIdentity, Waiter};
 pub use lease::drift;
 pub use redlock::WaitStrategy;
 pub use reply::Outcome;
-pub use request::{Acquire, Mode, MAX_CAPACITY, MIN_TTL};
+pub use request::{Acquire, Mode, DEFAULT_WAIT_CONNECTIONS, MAX_CAPACITY, MIN_TTL};
 pub use watchdog::Watchdog;
 
 #[cfg(test)]

@@ -43,6 +43,10 @@ pub struct Acquire {
 
 /// The largest ttl, wait and lock-delay the module accepts: 2^47 ms.
 const MAX_MS: u128 = 1 << 47;
+/// How many connections for waits a client (sync or async) opens at most per server, unless
+/// set with `max_wait_connections`.
+pub const DEFAULT_WAIT_CONNECTIONS: usize = 64;
+
 /// The shortest ttl a request may ask: a shorter lease would be spent (less the clock drift
 /// allowance and the transit margin) before its grant could be used.
 pub const MIN_TTL: Duration = Duration::from_millis(10);

@@ -174,6 +174,11 @@ fn minimal(keys: impl Iterator<Item = String>) -> Vec<String> {
 }
 
 impl Watch {
+    /// Whether any key is watched.
+    pub(crate) fn has_keys(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
     /// The keys watched now.
     pub(crate) fn keys(&self) -> Vec<String> {
         self.keys.keys().cloned().collect()
