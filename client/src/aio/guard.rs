@@ -205,12 +205,14 @@ impl GuardState {
     }
 }
 
-/// Runs a dropped guard's release on the runtime; if the runtime drops the task before it
-/// finished (it is shutting down: the end of `#[tokio::main]`, of a `#[tokio::test]`), the
-/// release is done there and then over a blocking connection, so the hold does not outlive the
-/// process.
+/// Runs a release on the runtime; if the runtime drops the task before it finished (it is
+/// shutting down: the end of `#[tokio::main]`, of a `#[tokio::test]`), the release is done
+/// there and then over a blocking connection, so the hold does not outlive the process. For a
+/// dropped guard (`unanswered_too`) the same is done when the release went out but got no
+/// answer: during a shutdown the shared connection's driver may be gone before the release.
 struct ReleaseOnDrop {
     state: Option<Arc<GuardState>>,
+    unanswered_too: bool,
 }
 
 impl ReleaseOnDrop {
@@ -219,7 +221,10 @@ impl ReleaseOnDrop {
             Some(state) => state.release().await,
             None => Ok(()),
         };
-        self.state = None;
+        let unanswered = matches!(released, Err(LockError::Unreachable { .. }));
+        if !(unanswered && self.unanswered_too) {
+            self.state = None;
+        }
         released
     }
 }
@@ -385,6 +390,7 @@ impl AsyncLockGuard {
         // the release is done then over a blocking connection: never left to the ttl.
         let release = ReleaseOnDrop {
             state: Some(Arc::clone(&self.state)),
+            unanswered_too: false,
         };
         release.run().await
     }
@@ -400,6 +406,7 @@ impl Drop for AsyncLockGuard {
         }
         let task = ReleaseOnDrop {
             state: Some(Arc::clone(&self.state)),
+            unanswered_too: true,
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
