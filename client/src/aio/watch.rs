@@ -196,11 +196,16 @@ impl Inner {
     async fn reread(self: &Arc<Self>, key: &str) {
         let number = self.watcher.state().watched.next_read();
         let reply = self.short(&info_cmd(key)).await;
+        let unanswered = matches!(reply, Err(crate::Outcome::Unreachable(_)));
         let info = reread_info(reply);
         let holders = info
             .as_ref()
             .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
-        let guards = self.watcher.state().watched.judged_by(key, number, holders);
+        let guards = self
+            .watcher
+            .state()
+            .watched
+            .judged_by(key, number, holders, unanswered);
         if let Some(info) = info {
             for (i, guard) in guards {
                 guard.check_info(i, &info);

@@ -465,11 +465,12 @@ impl WatchLink {
 
     /// A re-read's answer, judged by the key's guards.
     fn judge(self: &Arc<Self>, key: &str, number: u64, reply: Reply) {
+        let unanswered = matches!(reply, Err(Outcome::Unreachable(_)));
         let info = reread_info(reply);
         let holders = info
             .as_ref()
             .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
-        let guards = locked(&self.watched).judged_by(key, number, holders);
+        let guards = locked(&self.watched).judged_by(key, number, holders, unanswered);
         if let Some(info) = info {
             for (i, guard) in guards {
                 guard.check_info(i, &info);

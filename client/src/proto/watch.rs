@@ -343,8 +343,12 @@ impl Watch {
         self.spacing.get(key).copied().unwrap_or(RECHECK_SPACING)
     }
 
-    /// The re-read of `key` came back listing `holders` holders (or failed: `None`).
-    pub(crate) fn read_with(&mut self, key: &str, holders: Option<usize>) {
+    /// The re-read of `key` came back listing `holders` holders (`None`: no list). One that
+    /// got no answer at all (`unanswered`) is due again, and goes out once its spacing is over.
+    pub(crate) fn read_with(&mut self, key: &str, holders: Option<usize>, unanswered: bool) {
+        if unanswered && self.keys.contains_key(key) {
+            self.due.insert(key.to_string());
+        }
         if let Some(n) = holders {
             let spacing = SPACING_PER_HOLDER
                 .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
@@ -456,15 +460,16 @@ impl<G> Watched<G> {
         self.reads_sent
     }
 
-    /// Re-read number `number` of `key` came back (listing `holders` holders, `None` if it
-    /// failed): the guards it may judge.
+    /// Re-read number `number` of `key` came back (see [`Watch::read_with`]): the guards it
+    /// may judge.
     pub(crate) fn judged_by(
         &mut self,
         key: &str,
         number: u64,
         holders: Option<usize>,
+        unanswered: bool,
     ) -> Vec<(usize, Arc<G>)> {
-        self.core.read_with(key, holders);
+        self.core.read_with(key, holders, unanswered);
         self.guards
             .get(key)
             .map(|l| {
@@ -574,6 +579,17 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_reread_is_due_again() {
+        let mut w = Watch::default();
+        w.granted("k", 0);
+        let t = Instant::now();
+        assert_eq!(w.invalidated(Some(vec!["k".into()]), t), vec!["k"]);
+        w.read_with("k", None, true);
+        assert!(w.next_due().is_some());
+        assert_eq!(w.due_now(t + RECHECK_SPACING), vec!["k"]);
+    }
+
+    #[test]
     fn a_key_with_many_holders_is_reread_less_often() {
         let mut w = Watch::default();
         w.granted("readers", 0);
@@ -582,7 +598,7 @@ mod tests {
             w.invalidated(Some(vec!["readers".into()]), t),
             vec!["readers"]
         );
-        w.read_with("readers", Some(100_000));
+        w.read_with("readers", Some(100_000), false);
         let soon = t + Duration::from_millis(100);
         assert!(w.invalidated(Some(vec!["readers".into()]), soon).is_empty());
         assert!(w.due_now(soon).is_empty(), "5 s apart for 100,000 holders");
