@@ -6,6 +6,9 @@ python-redis-lock, on one server with the module (started here, on a free loopba
    used_cpu_sys + used_cpu_user), both per pair.
 2. Hand-over with 16 waiters (threads of one process): the time from a holder starting its
    release to the next holder's acquire returning, p50 and p99.
+3. How soon a held lock's loss is noticed (``on_lost`` called), sync and asyncio, after the
+   server ends the hold: DEL, the hold's expiry on the server, the bound connection killed, a
+   failover to a server without the hold.
 
 Writes a markdown section between two markers at the end of ``--out`` (replacing an earlier
 one), or prints it without ``--out``. Run by ``make bench-python`` and by ``make bench`` after
@@ -15,6 +18,7 @@ lock-bench; the module comes from REDIS_LOCK_MODULE (default: the release build)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import os
 import platform
@@ -34,6 +38,7 @@ import redis  # noqa: E402
 import redis.lock  # noqa: E402
 
 import kit  # noqa: E402
+import redis_lock_client.asyncio as aio  # noqa: E402
 from redis_lock_client import Lock  # noqa: E402
 
 try:
@@ -136,6 +141,119 @@ def measure_handover(make_lock: Callable[[], Tuple[Callable[[], bool], Callable[
     }
 
 
+LOSS_EVENTS = ["DEL", "expiry on the server", "bound connection killed", "failover (REPLICAOF)"]
+
+
+class LossTrial:
+    """One trial of one event: ``start`` provokes it and returns the time (perf_counter) the
+    hold ended on the server, or the earliest time it can have ended."""
+
+    def __init__(self, admin: "redis.Redis[bytes]", other: "kit.Server", key: str) -> None:
+        self.admin = admin
+        self.other = other
+        self.key = key
+
+    def provoke(self, event: str, owner: bytes) -> float:
+        a = self.admin
+        if event == "DEL":
+            t = time.perf_counter()
+            a.delete(self.key)
+            return t
+        if event == "expiry on the server":
+            # The owner shortens its own hold to 50 ms from another connection: the client
+            # still believes in a 30 s lease, so only the server's word can tell it.
+            t = time.perf_counter()
+            a.execute_command("LOCK.EXTEND", self.key, owner, 50)
+            return t + 0.05
+        if event == "bound connection killed":
+            for c in a.client_list():
+                if c.get("cmd") == "lock.acquire":
+                    t = time.perf_counter()
+                    a.client_kill_filter(_id=c["id"])
+                    return t
+            raise RuntimeError("no bound connection found")
+        if event == "failover (REPLICAOF)":
+            # This server becomes a replica of one without the hold: its dataset is replaced,
+            # which is what a client sees after a failover to a replica that missed the grant.
+            a.replicaof("127.0.0.1", self.other.port)
+            while True:
+                t = time.perf_counter()
+                if not a.exists(self.key):
+                    return t
+                time.sleep(0.0002)
+        raise ValueError(event)
+
+    def reset(self, event: str) -> None:
+        if event == "failover (REPLICAOF)":
+            self.admin.replicaof("no", "one")
+            kit.wait_for(lambda: self.admin.info("replication")["role"] == "master", what="master again")
+        self.admin.delete(self.key)
+
+
+def measure_loss_sync(port: int, trial: LossTrial, event: str, n: int) -> List[float]:
+    out: List[float] = []
+    for _ in range(n):
+        seen = threading.Event()
+        stamp: List[float] = []
+
+        def on_lost(_err: Exception) -> None:
+            stamp.append(time.perf_counter())
+            seen.set()
+
+        client = redis.Redis(host="127.0.0.1", port=port)
+        timeout = None if event == "bound connection killed" else 30
+        lock = Lock(client, trial.key, timeout=timeout, on_lost=on_lost)
+        if not lock.acquire(blocking_timeout=5):
+            raise RuntimeError("could not take the lock")
+        time.sleep(0.05)  # let the client settle (a watcher registers the key after the grant)
+        ended = trial.provoke(event, lock.local.token)
+        if not seen.wait(30):
+            raise RuntimeError(f"sync: loss after {event} not noticed within 30 s")
+        out.append((stamp[0] - ended) * 1000)
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - the lock is lost: the release says so
+            pass
+        client.close()
+        trial.reset(event)
+    return out
+
+
+def measure_loss_async(port: int, trial: LossTrial, event: str, n: int) -> List[float]:
+    async def run() -> List[float]:
+        out: List[float] = []
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            seen = asyncio.Event()
+            stamp: List[float] = []
+
+            def on_lost(_err: Exception) -> None:
+                stamp.append(time.perf_counter())
+                seen.set()
+
+            import redis.asyncio as redis_aio
+
+            client = redis_aio.Redis(host="127.0.0.1", port=port)
+            timeout = None if event == "bound connection killed" else 30
+            lock = aio.Lock(client, trial.key, timeout=timeout, on_lost=on_lost)
+            if not await lock.acquire(blocking_timeout=5):
+                raise RuntimeError("could not take the lock")
+            await asyncio.sleep(0.05)
+            # Provoked from a thread: the admin client is sync and the loop must keep running.
+            ended = await loop.run_in_executor(None, trial.provoke, event, lock.local.token)
+            await asyncio.wait_for(seen.wait(), 30)
+            out.append((stamp[0] - ended) * 1000)
+            try:
+                await lock.release()
+            except Exception:  # noqa: BLE001 - the lock is lost: the release says so
+                pass
+            await client.aclose() if hasattr(client, "aclose") else await client.close()
+            await loop.run_in_executor(None, trial.reset, event)
+        return out
+
+    return asyncio.run(run())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="markdown file to append the section to (replacing an earlier one)")
@@ -144,6 +262,8 @@ def main() -> int:
     # 100 rounds give about 1,600 hand-overs per lock, so the p99 is not just the 4th-largest
     # sample: at 20 rounds (319 samples) two runs read 0.56 and 0.86 ms.
     ap.add_argument("--rounds", type=int, default=100, help="acquires per waiter in the hand-over test")
+    ap.add_argument("--loss-trials", type=int, default=20, help="trials per event in the loss-noticed test")
+    ap.add_argument("--loss-only", action="store_true", help="print the loss-noticed figures only (no --out)")
     args = ap.parse_args()
 
     server = kit.Server()
@@ -197,6 +317,8 @@ def main() -> int:
         ]
         if python_redis_lock is not None:
             variants.append(("python-redis-lock `Lock(expire=10)`", prl))
+        if args.loss_only:
+            variants, args.out = [], None
         for name, make in variants:
             print(f"pairs: {name} ...", file=sys.stderr)
             pairs.append((name, measure_pairs(admin, make, args.pairs, args.repeats)))
@@ -232,10 +354,24 @@ def main() -> int:
         if python_redis_lock is not None:
             hvariants.append(("python-redis-lock `Lock` (SET NX + BLPOP signal)", prl_handover, args.rounds))
         hvariants.append(("redis-py `redis.lock.Lock` (polling, default sleep=0.1)", redis_py_handover, max(4, args.rounds // 4)))
+        if args.loss_only:
+            hvariants = []
         for name, make_lock, rounds in hvariants:
             print(f"hand-over: {name} ...", file=sys.stderr)
             handovers.append((name, measure_handover(make_lock, 16, rounds)))
             admin.flushall()
+
+        losses: List[Tuple[str, List[float], List[float]]] = []
+        other = kit.Server()
+        try:
+            trial = LossTrial(admin, other, "bench:loss")
+            for event in LOSS_EVENTS:
+                print(f"loss noticed: {event} ...", file=sys.stderr)
+                sync_ms = measure_loss_sync(port, trial, event, args.loss_trials)
+                async_ms = measure_loss_async(port, trial, event, args.loss_trials)
+                losses.append((event, sync_ms, async_ms))
+        finally:
+            other.close()
     finally:
         server.close()
 
@@ -288,6 +424,23 @@ def main() -> int:
         "release, which then has to win a `SET NX` against everyone else; redis-py's Lock polls every",
         "`sleep` seconds (fewer rounds for it: each hand-over waits out part of a sleep). All 16 waiters",
         "are threads of one Python process, so the tail (p99, max) includes waiting for the GIL.",
+        "",
+        f"Loss noticed: a lock held with `on_lost` (ttl 30 s, watchdog every 10 s; `timeout=None` for the",
+        f"bound case), then the server ends the hold; the figure is from the hold's end on the server to",
+        f"`on_lost` being called, {args.loss_trials} trials per row. The hold's end: the DEL sent; the",
+        "owner's hold shortened to 50 ms from another connection, plus 50 ms; the CLIENT KILL sent; for the",
+        "failover, the first time the key is seen gone after `REPLICAOF` to a server without it.",
+        "redis-py's Lock has no loss notice: it learns of a loss at its next `extend` or `release`.",
+        "",
+        "| event | sync p50 ms | sync max ms | asyncio p50 ms | asyncio max ms |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for event, sync_ms, async_ms in losses:
+        lines.append(
+            f"| {event} | {statistics.median(sync_ms):.1f} | {max(sync_ms):.1f} | "
+            f"{statistics.median(async_ms):.1f} | {max(async_ms):.1f} |"
+        )
+    lines += [
         END,
         "",
     ]
