@@ -153,7 +153,7 @@ def main(argv: List[str]) -> int:
     root = extract_tests(version, fetch_sdist(version, sha), sha)
 
     sys.path.insert(0, str(REPO / "python" / "tests"))
-    import kit  # the package tests' kit: REDIS_LOCK_SERVER, REDIS_LOCK_MODULE
+    import kit  # type: ignore[import-untyped]  # the package tests' kit (REDIS_LOCK_SERVER, REDIS_LOCK_MODULE)
 
     server = kit.Server()
     try:
