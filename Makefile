@@ -180,16 +180,18 @@ bench-python-run: python-venv
 REDISPY_PINS := python/compat/versions.txt
 REDISPY_VERSIONS := $(shell awk '$$1 ~ /^[0-9]/ {print $$1}' $(REDISPY_PINS))
 REDISPY_STAMPS := $(foreach v,$(REDISPY_VERSIONS),target/python-venv-redispy-$(v)/.installed)
+# Each version runs twice: clients on RESP2 and on RESP3 (redis-py's --protocol).
+REDISPY_PROTOCOLS ?= 2 3
 
 .PHONY: test-python-redispy
 test-python: test-python-redispy
 
 test-python-redispy: $(REDISPY_STAMPS)
 	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
-	@status=0; for v in $(REDISPY_VERSIONS); do \
+	@status=0; for v in $(REDISPY_VERSIONS); do for p in $(REDISPY_PROTOCOLS); do \
 		REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)} \
-			target/python-venv-redispy-$$v/bin/python python/compat/run.py $$v || status=1; \
-	done; exit $$status
+			target/python-venv-redispy-$$v/bin/python python/compat/run.py $$v --protocol $$p || status=1; \
+	done; done; exit $$status
 
 # redis-py at the pinned version, the test requirements on its line, this package (editable).
 target/python-venv-redispy-%/.installed: $(REDISPY_PINS) python/pyproject.toml

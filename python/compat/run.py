@@ -1,7 +1,8 @@
 """Runs redis-py's own Lock tests (``tests/test_lock.py`` and ``tests/test_asyncio/test_lock.py``
 from its sdist on PyPI, unmodified) against this package, on a server with the module.
 
-Usage: ``<venv>/bin/python python/compat/run.py VERSION [pytest args...]``, with the venv made
+Usage: ``<venv>/bin/python python/compat/run.py VERSION [pytest args...]`` (for instance
+``--protocol 3``, an option of redis-py's conftest, or ``-k extend``), with the venv made
 by ``make test-python-redispy`` (redis-py VERSION, the test requirements pinned in
 ``versions.txt`` and this package). The sdist is downloaded once into
 ``target/redispy/`` (its sha256 checked against the pin, which is the one PyPI publishes),
@@ -137,6 +138,18 @@ def extract_tests(version: str, sdist: Path, sha: str) -> Path:
     return dest
 
 
+def asyncio_options() -> List[str]:
+    """pytest-asyncio 0.24 and later warn unless the fixtures' loop scope is set, and older
+    ones do not know the option: set it only where it exists."""
+    from importlib.metadata import version as installed
+
+    from packaging.version import Version
+
+    if Version(installed("pytest-asyncio")) >= Version("0.24"):
+        return ["-o", "asyncio_default_fixture_loop_scope=function"]
+    return []
+
+
 def main(argv: List[str]) -> int:
     if not argv:
         print(__doc__)
@@ -164,10 +177,15 @@ def main(argv: List[str]) -> int:
             sys.executable, "-m", "pytest",
             "-c", str(HERE / "pytest.ini"), "--rootdir", str(root),
             "-p", "redis_lock_swap", "-p", "no:cacheprovider",
+            *asyncio_options(),
             "--redis-url", server.url,
             *extra, *TEST_FILES,
         ]
-        print(f"== redis-py {version}'s Lock tests against redis_lock_client on {kit.SERVER} (port {server.port})", flush=True)
+        print(
+            f"== redis-py {version}'s Lock tests against redis_lock_client on {kit.SERVER} "
+            f"(port {server.port}) {' '.join(extra)}".rstrip(),
+            flush=True,
+        )
         start = time.monotonic()
         code = subprocess.call(cmd, cwd=str(root), env=env)
         print(f"== redis-py {version}: {time.monotonic() - start:.1f} s", flush=True)
