@@ -2,7 +2,8 @@
 from its sdist on PyPI, unmodified) against this package, on a server with the module.
 
 Usage: ``<venv>/bin/python python/compat/run.py VERSION [pytest args...]`` (for instance
-``--protocol 3``, an option of redis-py's conftest, or ``-k extend``), with the venv made
+``--protocol 3``, an option of redis-py's conftest, or ``-k extend``; ``--their-lock`` runs
+the same tests on redis-py's own Lock, nothing deselected, to check the harness), with the venv made
 by ``make test-python-redispy`` (redis-py VERSION, the test requirements pinned in
 ``versions.txt`` and this package). The sdist is downloaded once into
 ``target/redispy/`` (its sha256 checked against the pin, which is the one PyPI publishes),
@@ -155,6 +156,10 @@ def main(argv: List[str]) -> int:
         print(__doc__)
         return 2
     version, extra = argv[0], argv[1:]
+    # --their-lock: the same run with redis-py's own Lock and nothing deselected, to check the
+    # harness (every test passes there).
+    theirs = "--their-lock" in extra
+    extra = [a for a in extra if a != "--their-lock"]
     table = pins()
     if version not in table:
         raise SystemExit(f"redis-py {version} is not pinned in versions.txt ({', '.join(table)})")
@@ -176,13 +181,13 @@ def main(argv: List[str]) -> int:
         cmd = [
             sys.executable, "-m", "pytest",
             "-c", str(HERE / "pytest.ini"), "--rootdir", str(root),
-            "-p", "redis_lock_swap", "-p", "no:cacheprovider",
+            *([] if theirs else ["-p", "redis_lock_swap"]), "-p", "no:cacheprovider",
             *asyncio_options(),
             "--redis-url", server.url,
             *extra, *TEST_FILES,
         ]
         print(
-            f"== redis-py {version}'s Lock tests against redis_lock_client on {kit.SERVER} "
+            f"== redis-py {version}'s Lock tests against {'its own Lock' if theirs else 'redis_lock_client'} on {kit.SERVER} "
             f"(port {server.port}) {' '.join(extra)}".rstrip(),
             flush=True,
         )
