@@ -168,3 +168,35 @@ bench-python: deps
 bench-python-run: python-venv
 	@test -f $(PY_VENV)/.bench-installed || { $(PY) -m pip install -q python-redis-lock && touch $(PY_VENV)/.bench-installed; }
 	REDIS_LOCK_MODULE=$(CURDIR)/$(MODULE) $(PY) python/bench/bench.py --out docs/benchmarks.md
+
+# == redis-py's own Lock tests (python/compat/) ==
+# tests/test_lock.py and tests/test_asyncio/test_lock.py from redis-py's sdist on PyPI, run
+# unmodified against this package (a pytest plugin swaps redis-py's Lock classes for ours), for
+# each redis-py release pinned in python/compat/versions.txt (the oldest supported and the
+# newest 8.x), each in its own venv made here. The sdists are cached under target/redispy
+# (sha256 checked); deselected tests and why: python/compat/deselected.txt. Part of
+# `make test-python` (so of `make test` and `make test-valkey`); SERVER / REDIS_LOCK_SERVER and
+# REDIS_LOCK_MODULE as for test-python.
+REDISPY_PINS := python/compat/versions.txt
+REDISPY_VERSIONS := $(shell awk '$$1 ~ /^[0-9]/ {print $$1}' $(REDISPY_PINS))
+REDISPY_STAMPS := $(foreach v,$(REDISPY_VERSIONS),target/python-venv-redispy-$(v)/.installed)
+# Each version runs twice: clients on RESP2 and on RESP3 (redis-py's --protocol).
+REDISPY_PROTOCOLS ?= 2 3
+
+.PHONY: test-python-redispy
+test-python: test-python-redispy
+
+test-python-redispy: $(REDISPY_STAMPS)
+	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
+	@status=0; for v in $(REDISPY_VERSIONS); do for p in $(REDISPY_PROTOCOLS); do \
+		REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)} \
+			target/python-venv-redispy-$$v/bin/python python/compat/run.py $$v --protocol $$p || status=1; \
+	done; done; exit $$status
+
+# redis-py at the pinned version, the test requirements on its line, this package (editable).
+target/python-venv-redispy-%/.installed: $(REDISPY_PINS) python/pyproject.toml
+	@test -x $(@D)/bin/python || $(PYTHON3) -m venv $(@D) || { echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(@D)/bin/python -m pip install -q --upgrade pip
+	$(@D)/bin/python -m pip install -q redis==$* $$(awk -v v=$* '$$1 == v {for (i = 3; i <= NF; i++) print $$i}' $(REDISPY_PINS)) -e ./python
+	@touch $@
+# == end of redis-py's own Lock tests ==
