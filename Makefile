@@ -174,7 +174,8 @@ test-python-on:
 		fi; \
 		echo "== python tests on Python $$($$venv/bin/python -c 'import platform, redis; print(platform.python_version(), "with redis-py", redis.__version__)') on $$REDIS_LOCK_SERVER"; \
 		start=$$(date +%s); \
-		if $$venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); then passed="$$passed $$v ($$(( $$(date +%s) - start )) s)"; else failed="$$failed $$v"; fi; \
+		if $$venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); then passed="$$passed $$v ($$(( $$(date +%s) - start )) s)"; \
+		else failed="$$failed $$v ($$(( $$(date +%s) - start )) s)"; fi; \
 	done; \
 	if [ -n "$$skipped" ]; then echo "== python tests SKIPPED on Python$$skipped: no such interpreter here (neither $${root:-pyenv (not installed)}/versions/X.Y.* nor pythonX.Y on PATH)"; fi; \
 	if [ -z "$$passed$$failed" ]; then \
@@ -185,6 +186,19 @@ test-python-on:
 	fi; \
 	[ -z "$$passed" ] || echo "== python tests passed on Python$$passed"; \
 	[ -z "$$failed" ] || { echo "== python tests FAILED on Python$$failed"; exit 1; }
+
+# The wheel and sdist of the Python client in target/python-dist (the wheel built from the
+# sdist), checked with `twine check --strict`; build and twine live in target/python-dist-venv.
+PY_DIST_VENV := target/python-dist-venv
+
+.PHONY: python-dist
+
+python-dist:
+	@test -f $(PY_DIST_VENV)/.installed || { $(PYTHON3) -m venv $(PY_DIST_VENV) && \
+		$(PY_DIST_VENV)/bin/python -m pip install -q --upgrade pip build twine && touch $(PY_DIST_VENV)/.installed; }
+	rm -rf target/python-dist
+	$(PY_DIST_VENV)/bin/python -m build -o target/python-dist python
+	$(PY_DIST_VENV)/bin/python -m twine check --strict target/python-dist/*
 
 # The same tests with redis-py 5 (the oldest supported), in a second environment.
 PY5_VENV := target/python-venv-redis5
