@@ -160,12 +160,13 @@ test-python-all:
 test-python-on:
 	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
 	@export REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)}; \
-	root=$$(pyenv root 2>/dev/null); passed=; failed=; skipped=; \
+	root=$${PYENV_ROOT:-$$(pyenv root 2>/dev/null)}; passed=; failed=; skipped=; novenv=; \
 	for v in $(PY_ON); do \
 		py=$$(ls -d "$$root"/versions/$$v.*/bin/python$$v 2>/dev/null | grep -v "t/bin/" | sort -V | tail -n 1); \
 		[ -n "$$py" ] || py=$$(command -v python$$v 2>/dev/null) || true; \
-		if [ -z "$$py" ] || [ "$$("$$py" -c 'import sys, venv, ensurepip; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$$v" ]; then \
+		if [ -z "$$py" ] || [ "$$("$$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$$v" ]; then \
 			skipped="$$skipped $$v"; continue; fi; \
+		if ! "$$py" -c 'import venv, ensurepip' 2>/dev/null; then novenv="$$novenv $$v ($$py)"; continue; fi; \
 		venv=target/python-venv-$$v; \
 		if [ ! -f $$venv/.installed ] || [ python/pyproject.toml -nt $$venv/.installed ] || ! $$venv/bin/python -c '' 2>/dev/null; then \
 			echo "== making $$venv with $$py"; rm -rf $$venv; \
@@ -177,7 +178,8 @@ test-python-on:
 		if $$venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); then passed="$$passed $$v ($$(( $$(date +%s) - start )) s)"; \
 		else failed="$$failed $$v ($$(( $$(date +%s) - start )) s)"; fi; \
 	done; \
-	if [ -n "$$skipped" ]; then echo "== python tests SKIPPED on Python$$skipped: no such interpreter here (neither $${root:-pyenv (not installed)}/versions/X.Y.* nor pythonX.Y on PATH)"; fi; \
+	if [ -n "$$skipped" ]; then echo "== python tests SKIPPED on Python$$skipped: no such interpreter here (not in pyenv: $${root:-pyenv not installed}; no pythonX.Y on PATH)"; fi; \
+	if [ -n "$$novenv" ]; then echo "== python tests SKIPPED on Python$$novenv: no venv module in that interpreter (Debian: apt-get install pythonX.Y-venv)"; fi; \
 	if [ -z "$$passed$$failed" ]; then \
 		$(MAKE) --no-print-directory python-venv || exit 1; \
 		echo "== python tests on $$($(PY) -c 'import platform, redis; print("Python", platform.python_version(), "with redis-py", redis.__version__)') in $(PY_VENV) instead (none of Python $(PY_ON) here)"; \
