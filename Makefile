@@ -162,7 +162,7 @@ test-python-on:
 	@export REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)}; \
 	root=$${PYENV_ROOT:-$$(pyenv root 2>/dev/null)}; passed=; failed=; skipped=; novenv=; \
 	for v in $(PY_ON); do \
-		py=$$(ls -d "$$root"/versions/$$v.*/bin/python$$v 2>/dev/null | grep -v "t/bin/" | sort -V | tail -n 1); \
+		py=$$(ls -d "$$root"/versions/$$v.*/bin/python$$v 2>/dev/null | grep -v "[0-9]t/bin/python" | sort -V | tail -n 1); \
 		[ -n "$$py" ] || py=$$(command -v python$$v 2>/dev/null) || true; \
 		if [ -z "$$py" ] || [ "$$("$$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$$v" ]; then \
 			skipped="$$skipped $$v"; continue; fi; \
