@@ -134,14 +134,73 @@ $(PY_STAMP): python/pyproject.toml python/requirements-dev.txt
 	$(PY) -m pip install -q -r python/requirements-dev.txt -e ./python
 	@touch $@
 
-# Against real servers started by the tests: SERVER (or REDIS_LOCK_SERVER) names the binary,
-# REDIS_LOCK_MODULE the module (default: the debug build with test hooks, built here when the
-# variable is not set).
-test-python: python-venv
+# The package tests, against real servers started by the tests: SERVER (or REDIS_LOCK_SERVER)
+# names the binary, REDIS_LOCK_MODULE the module (default: the debug build with test hooks,
+# built here when the variable is not set); PYTEST_ARGS narrows the run.
+# They run on the Python versions the package claims (PY_VERSIONS, as the classifiers in
+# python/pyproject.toml): `make test` (test-python) on the oldest and the newest,
+# `make test-python-all` on each, one after the other. Each version has its own environment,
+# target/python-venv-X.Y, made with that interpreter (pyenv's newest X.Y.*, else pythonX.Y on
+# PATH) and holding pytest, the package (editable) and the newest redis-py that supports that
+# Python within the package's range (pip picks it); it is re-made when python/pyproject.toml
+# changes. A version with no interpreter on this machine is skipped with a line saying so;
+# when none of them is there, the tests run once in target/python-venv ($(PYTHON3)) instead.
+PY_VERSIONS := 3.8 3.9 3.10 3.11 3.12 3.13
+PY_EDGE_VERSIONS := $(firstword $(PY_VERSIONS)) $(lastword $(PY_VERSIONS))
+PYTEST_ARGS ?= python/tests
+
+.PHONY: test-python-all test-python-on
+
+test-python:
+	@$(MAKE) --no-print-directory test-python-on PY_ON="$(PY_EDGE_VERSIONS)"
+
+test-python-all:
+	@$(MAKE) --no-print-directory test-python-on PY_ON="$(PY_VERSIONS)"
+
+test-python-on:
 	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
-	@echo "== python tests ($$($(PY) -c 'import redis; print("redis-py", redis.__version__)')) on $${REDIS_LOCK_SERVER:-$(SERVER)}"
-	REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)} \
-		$(PY) -m pytest -q -p no:cacheprovider python/tests
+	@export REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)}; \
+	root=$${PYENV_ROOT:-$$(pyenv root 2>/dev/null)}; passed=; failed=; skipped=; novenv=; \
+	for v in $(PY_ON); do \
+		py=$$(ls -d "$$root"/versions/$$v.*/bin/python$$v 2>/dev/null | grep -v "[0-9]t/bin/python" | sort -V | tail -n 1); \
+		[ -n "$$py" ] || py=$$(command -v python$$v 2>/dev/null) || true; \
+		if [ -z "$$py" ] || [ "$$("$$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$$v" ]; then \
+			skipped="$$skipped $$v"; continue; fi; \
+		if ! "$$py" -c 'import venv, ensurepip' 2>/dev/null; then novenv="$$novenv $$v ($$py)"; continue; fi; \
+		venv=target/python-venv-$$v; \
+		if [ ! -f $$venv/.installed ] || [ python/pyproject.toml -nt $$venv/.installed ] || ! $$venv/bin/python -c '' 2>/dev/null; then \
+			echo "== making $$venv with $$py"; rm -rf $$venv; \
+			{ "$$py" -m venv $$venv && $$venv/bin/python -m pip install -q --upgrade pip && \
+			  $$venv/bin/python -m pip install -q -e './python[test]' && touch $$venv/.installed; } || { echo "== could not make $$venv"; exit 1; }; \
+		fi; \
+		echo "== python tests on Python $$($$venv/bin/python -c 'import platform, redis; print(platform.python_version(), "with redis-py", redis.__version__)') on $$REDIS_LOCK_SERVER"; \
+		start=$$(date +%s); \
+		if $$venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); then passed="$$passed $$v ($$(( $$(date +%s) - start )) s)"; \
+		else failed="$$failed $$v ($$(( $$(date +%s) - start )) s)"; fi; \
+	done; \
+	if [ -n "$$skipped" ]; then echo "== python tests SKIPPED on Python$$skipped: no such interpreter here (not in pyenv: $${root:-pyenv not installed}; no pythonX.Y on PATH)"; fi; \
+	if [ -n "$$novenv" ]; then echo "== python tests SKIPPED on Python$$novenv: no venv module in that interpreter (Debian: apt-get install pythonX.Y-venv)"; fi; \
+	if [ -z "$$passed$$failed" ]; then \
+		$(MAKE) --no-print-directory python-venv || exit 1; \
+		echo "== python tests on $$($(PY) -c 'import platform, redis; print("Python", platform.python_version(), "with redis-py", redis.__version__)') in $(PY_VENV) instead (none of Python $(PY_ON) here)"; \
+		$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || exit 1; \
+		exit 0; \
+	fi; \
+	[ -z "$$passed" ] || echo "== python tests passed on Python$$passed"; \
+	[ -z "$$failed" ] || { echo "== python tests FAILED on Python$$failed"; exit 1; }
+
+# The wheel and sdist of the Python client in target/python-dist (the wheel built from the
+# sdist), checked with `twine check --strict`; build and twine live in target/python-dist-venv.
+PY_DIST_VENV := target/python-dist-venv
+
+.PHONY: python-dist
+
+python-dist:
+	@test -f $(PY_DIST_VENV)/.installed || { $(PYTHON3) -m venv $(PY_DIST_VENV) && \
+		$(PY_DIST_VENV)/bin/python -m pip install -q --upgrade pip build twine && touch $(PY_DIST_VENV)/.installed; }
+	rm -rf target/python-dist
+	$(PY_DIST_VENV)/bin/python -m build -o target/python-dist python
+	$(PY_DIST_VENV)/bin/python -m twine check --strict target/python-dist/*
 
 # The same tests with redis-py 5 (the oldest supported), in a second environment.
 PY5_VENV := target/python-venv-redis5
