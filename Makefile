@@ -153,6 +153,7 @@ PYTEST_ARGS ?= python/tests
 
 test-python:
 	@$(MAKE) --no-print-directory test-python-on PY_ON="$(PY_EDGE_VERSIONS)"
+	@$(MAKE) --no-print-directory test-python-redispy
 
 test-python-all:
 	@$(MAKE) --no-print-directory test-python-on PY_ON="$(PY_VERSIONS)"
@@ -233,7 +234,7 @@ bench-python-run: python-venv
 # unmodified against this package (a pytest plugin swaps redis-py's Lock classes for ours), for
 # each redis-py release pinned in python/compat/versions.txt (the oldest supported and the
 # newest 8.x), each in its own venv made here. The sdists are cached under target/redispy
-# (sha256 checked); deselected tests and why: python/compat/deselected.txt. Part of
+# (sha256 checked); deselected tests and why: python/compat/deselected.txt. Run at the end of
 # `make test-python` (so of `make test` and `make test-valkey`); SERVER / REDIS_LOCK_SERVER and
 # REDIS_LOCK_MODULE as for test-python.
 REDISPY_PINS := python/compat/versions.txt
@@ -243,7 +244,6 @@ REDISPY_STAMPS := $(foreach v,$(REDISPY_VERSIONS),target/python-venv-redispy-$(v
 REDISPY_PROTOCOLS ?= 2 3
 
 .PHONY: test-python-redispy
-test-python: test-python-redispy
 
 test-python-redispy: $(REDISPY_STAMPS)
 	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
