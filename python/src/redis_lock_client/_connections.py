@@ -690,6 +690,9 @@ def reconnect(conn: Any, deadline: Optional[float], sleep: Callable[[float], Non
             if left is not None:
                 pause = min(pause, left)
             sleep(pause)
+            left = remaining(deadline)
+            if left is not None and left <= 0:
+                raise
 
 
 def abandon(conn: Any, release: Optional[List[Any]]) -> None:
