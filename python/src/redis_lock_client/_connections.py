@@ -444,11 +444,11 @@ def _record_taken(pool: Any) -> None:
             _metrics.append(None)
     if _metrics[0] is None:
         return
-    ConnectionState, get_pool_name, record_connection_count = _metrics[0]
+    state, pool_name_of, record = _metrics[0]
     try:
-        name = get_pool_name(pool)
-        record_connection_count(pool_name=name, connection_state=ConnectionState.IDLE, counter=-1)
-        record_connection_count(pool_name=name, connection_state=ConnectionState.USED, counter=1)
+        name = pool_name_of(pool)
+        record(pool_name=name, connection_state=state.IDLE, counter=-1)
+        record(pool_name=name, connection_state=state.USED, counter=1)
     except Exception:  # noqa: BLE001 - metrics must never fail a lock operation
         pass
 
@@ -532,10 +532,13 @@ def _enter_gate(pool: Any, deadline: Optional[float]) -> None:
         return
     try:
         event.wait(remaining(deadline))
-    finally:
-        # Leaves the queue on a time-out or an interrupt (KeyboardInterrupt at the wait).
-        admitted = gate.withdraw(wait_cap(pool), ticket)
-    if not admitted:
+    except BaseException:
+        # An interrupt (KeyboardInterrupt at the wait): out of the queue, or out of the place
+        # if it was given meanwhile.
+        if gate.withdraw(wait_cap(pool), ticket):
+            gate.leave(wait_cap(pool))
+        raise
+    if not gate.withdraw(wait_cap(pool), ticket):
         raise wait_limit_error(pool, True)
 
 
