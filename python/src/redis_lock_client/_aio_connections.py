@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, List, Optional
 
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from . import _connections as _sync
 from ._common import dedicated_kwargs
 from ._connections import (
     DEFAULT_MAX_WAIT_CONNECTIONS,
@@ -39,6 +40,8 @@ from ._connections import (
     gate_of,
     in_use,
     is_retryable_connect_error,
+    pause_before_retry,
+    default_timeout,
     keep_connected,
     pool_limit_error,
     public_get_connection_args,
@@ -66,12 +69,6 @@ def pool_of(client: Any, name: Any) -> Any:
         "expected a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster client, "
         f"not {type(client).__name__}"
     )
-
-
-def default_timeout(pool: Any) -> Optional[float]:
-    """The pool's own read timeout: for requests that the server answers at once."""
-    t = pool.connection_kwargs.get("socket_timeout")
-    return None if t is None else float(t)
 
 
 def new_connection(pool: Any, socket_timeout: Optional[float] = None) -> Any:
@@ -398,18 +395,10 @@ async def reconnect(conn: Any, deadline: Optional[float], sleep: Callable[[float
         try:
             await connect(conn, deadline)
             return
-        except Exception as e:  # noqa: BLE001 - sorted below; cancellation passes through
-            if not is_retryable_connect_error(e):
-                raise
-            left = remaining(deadline)
-            if left is not None and left <= 0:
-                raise
-            pause = next(delays)
-            if left is not None:
-                pause = min(pause, left)
+        except Exception as e:  # noqa: BLE001 - sorted by pause_before_retry
+            pause, last = pause_before_retry(e, deadline, delays)
             await sleep(pause)
-            left = remaining(deadline)
-            if left is not None and left <= 0:
+            if last:
                 raise
 
 
@@ -428,32 +417,5 @@ def is_connection_trouble(err: BaseException) -> bool:
     return isinstance(err, (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError))
 
 
-__all__ = [
-    "ConnectionLimitError",
-    "DEFAULT_MAX_WAIT_CONNECTIONS",
-    "MAX_IDLE",
-    "RECONNECT_FIRST_DELAY",
-    "RECONNECT_MAX_DELAY",
-    "ResponseError",
-    "abandon",
-    "call",
-    "configure",
-    "connect",
-    "default_timeout",
-    "give_back",
-    "in_use",
-    "is_closed",
-    "is_connection_trouble",
-    "is_retryable_connect_error",
-    "new_connection",
-    "pool_of",
-    "read",
-    "reconnect",
-    "reconnect_delays",
-    "remaining",
-    "request",
-    "server_name",
-    "set_read_timeout",
-    "take",
-    "wait_cap",
-]
+#: The same names as the sync module's.
+__all__ = list(_sync.__all__)

@@ -288,6 +288,21 @@ def is_retryable_connect_error(err: BaseException) -> bool:
     return is_connection_trouble(err)
 
 
+def pause_before_retry(err: BaseException, deadline: Optional[float], delays: Iterator[float]) -> Tuple[float, bool]:
+    """After a failed connect: how long to pause before the next try, and whether the deadline
+    comes with the pause (then the failure is raised after it). Raises ``err`` at once when it
+    is not worth another try or the deadline has passed."""
+    if not is_retryable_connect_error(err):
+        raise err
+    left = remaining(deadline)
+    if left is not None and left <= 0:
+        raise err
+    pause = next(delays)
+    if left is not None and pause >= left:
+        return left, True
+    return pause, False
+
+
 # ----------------------------------------------------------------------------------------------
 # What we change on a connection of the pool while we use it, and put back after
 
@@ -683,18 +698,10 @@ def reconnect(conn: Any, deadline: Optional[float], sleep: Callable[[float], Non
         try:
             connect(conn, deadline)
             return
-        except Exception as e:  # noqa: BLE001 - sorted below; interrupts pass through
-            if not is_retryable_connect_error(e):
-                raise
-            left = remaining(deadline)
-            if left is not None and left <= 0:
-                raise
-            pause = next(delays)
-            if left is not None:
-                pause = min(pause, left)
+        except Exception as e:  # noqa: BLE001 - sorted by pause_before_retry
+            pause, last = pause_before_retry(e, deadline, delays)
             sleep(pause)
-            left = remaining(deadline)
-            if left is not None and left <= 0:
+            if last:
                 raise
 
 
@@ -777,6 +784,7 @@ __all__ = [
     "is_closed",
     "is_connection_trouble",
     "is_retryable_connect_error",
+    "pause_before_retry",
     "new_connection",
     "pool_of",
     "read",
