@@ -127,15 +127,20 @@ def test_connections_of_waits_and_holds_come_back_and_at_most_max_idle_stay_conn
 
 
 def test_a_bound_hold_counts_against_the_pool_and_goes_back_to_it(server: kit.Server, r: "redis.Redis[bytes]") -> None:
-    pool = redis.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=3, timeout=5, client_name="bound")
+    pool = redis.ConnectionPool(host="127.0.0.1", port=server.port, max_connections=3, client_name="bound")
     client = redis.Redis(connection_pool=pool)
-    for _ in range(20):
-        lock = Lock(client, "bound", bind=True, timeout=None)
-        assert lock.acquire(blocking=False)
+    for _ in range(10):
+        a = Lock(client, "bound-a", bind=True, timeout=None)
+        b = Lock(client, "bound-b", bind=True, timeout=None)
+        assert a.acquire(blocking=False) and b.acquire(blocking=False)
+        # Each hold keeps a connection of the pool (the wait limit is max_connections - 1 = 2).
+        assert len(pool._in_use_connections) == 2
+        assert conns.in_use(pool) == (2, 0)
         assert pool_clients(r, "bound") <= 3
-        lock.release()
-    assert pool_clients(r, "bound") <= 3
-    assert conns.in_use(pool) == (0, 0)
+        a.release()
+        b.release()
+        assert len(pool._in_use_connections) == 0
+    assert pool_clients(r, "bound") <= conns.MAX_IDLE
     client.close()
     pool.disconnect()
 
