@@ -161,7 +161,7 @@ def test_no_connection_for_a_wait_raises_a_clear_error(server: kit.Server, r: "r
     conns.give_back(pool, first)
     # A pool whose connections are all in use: the pool's limit is named.
     plain = redis.ConnectionPool(host="127.0.0.1", port=server.port, max_connections=2)
-    held = plain.get_connection()
+    held = plain.get_connection(*conns.public_get_connection_args(plain.get_connection))
     short = conns.take(plain, time.monotonic() + 1)
     with pytest.raises(conns.ConnectionLimitError) as e2:
         conns.take(plain, time.monotonic() + 1, wait=False)
@@ -233,7 +233,7 @@ def test_a_request_against_a_stopped_server_ends_within_its_deadline(server: kit
 
 def test_a_request_with_no_connection_free_ends_within_its_deadline(server: kit.Server) -> None:
     pool = redis.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=1, timeout=20)
-    held = pool.get_connection()
+    held = pool.get_connection(*conns.public_get_connection_args(pool.get_connection))
     started = time.monotonic()
     with pytest.raises(conns.ConnectionLimitError):
         conns.request(pool, ["PING"], time.monotonic() + 0.5)
