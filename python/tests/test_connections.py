@@ -6,6 +6,8 @@ request bounded by its deadline against a stopped server, and a reconnect across
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -316,3 +318,22 @@ def test_reconnect_gives_up_at_its_deadline_and_at_once_on_bad_auth() -> None:
         assert conns.in_use(pool2) == (0, 0)
     finally:
         s.close()
+
+
+def test_a_waiter_interrupted_in_the_queue_leaves_it(server: kit.Server) -> None:
+    pool = redis.ConnectionPool(host="127.0.0.1", port=server.port)
+    conns.configure(pool, max_wait_connections=1)
+    first = conns.take(pool, None)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            conns.take(pool, time.monotonic() + 30)
+    finally:
+        timer.cancel()
+    assert conns.in_use(pool) == (1, 0)
+    conns.give_back(pool, first)
+    assert conns.in_use(pool) == (0, 0)
+    again = conns.take(pool, time.monotonic() + 1)
+    conns.give_back(pool, again)
+    pool.disconnect()

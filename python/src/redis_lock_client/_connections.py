@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import socket
 import threading
 import time
@@ -101,6 +102,7 @@ class _Gate:
 
     mutex: threading.Lock = field(default_factory=threading.Lock)
     in_use: int = 0
+    pid: int = field(default_factory=os.getpid)
     queue: Deque[_Ticket] = field(default_factory=collections.deque)
 
     def enter(self, cap: int, ticket: _Ticket) -> bool:
@@ -134,9 +136,12 @@ class _Gate:
     def _admit(self, cap: int) -> None:
         while self.queue and self.in_use < cap:
             t = self.queue.popleft()
+            try:
+                t.wake()
+            except Exception:  # noqa: BLE001 - its event loop is gone: nobody to let in
+                continue
             t.admitted = True
             self.in_use += 1
-            t.wake()
 
 
 _settings: "weakref.WeakKeyDictionary[Any, _Settings]" = weakref.WeakKeyDictionary()
@@ -176,7 +181,19 @@ def _settings_of(pool: Any) -> _Settings:
 
 
 def gate_of(pool: Any) -> _Gate:
-    return _registered(_gates, pool, _Gate)  # type: ignore[no-any-return]
+    gate: _Gate = _registered(_gates, pool, _Gate)
+    if gate.pid != os.getpid():
+        # Inherited through fork: the parent's waits are not this process's. (redis-py resets
+        # the pool itself the same way.)
+        with _registry_lock:
+            gate = _gates.get(pool) or gate
+            if gate.pid != os.getpid():
+                gate = _Gate()
+                try:
+                    _gates[pool] = gate
+                except TypeError:
+                    pass
+    return gate
 
 
 def max_connections_of(pool: Any) -> Optional[int]:
