@@ -165,15 +165,33 @@ def configure(pool: Any, max_wait_connections: Optional[int] = None, max_idle_co
         s.max_idle = max_idle_connections
 
 
+#: For pools that cannot be weakly referenced (redis.asyncio's ClusterNode has __slots__, and
+#: in redis-py 5 no hash): by id, the pool kept alive with its entry (a few per cluster node).
+_by_id: Dict[Tuple[int, int], Tuple[Any, Any]] = {}
+
+
 def _registered(table: "weakref.WeakKeyDictionary[Any, Any]", pool: Any, make: Callable[[], Any]) -> Any:
     with _registry_lock:
         try:
             item = table.get(pool)
             if item is None:
                 item = table[pool] = make()
-        except TypeError:  # not weakly referable: settings for this call only
-            item = make()
-        return item
+            return item
+        except TypeError:
+            pass
+        key = (id(table), id(pool))
+        entry = _by_id.get(key)
+        if entry is None or entry[0] is not pool:
+            entry = _by_id[key] = (pool, make())
+        return entry[1]
+
+
+def _replace(table: "weakref.WeakKeyDictionary[Any, Any]", pool: Any, item: Any) -> None:
+    with _registry_lock:
+        try:
+            table[pool] = item
+        except TypeError:
+            _by_id[(id(table), id(pool))] = (pool, item)
 
 
 def _settings_of(pool: Any) -> _Settings:
@@ -185,14 +203,8 @@ def gate_of(pool: Any) -> _Gate:
     if gate.pid != os.getpid():
         # Inherited through fork: the parent's waits are not this process's. (redis-py resets
         # the pool itself the same way.)
-        with _registry_lock:
-            gate = _gates.get(pool) or gate
-            if gate.pid != os.getpid():
-                gate = _Gate()
-                try:
-                    _gates[pool] = gate
-                except TypeError:
-                    pass
+        gate = _Gate()
+        _replace(_gates, pool, gate)
     return gate
 
 
