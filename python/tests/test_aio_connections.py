@@ -1,0 +1,218 @@
+"""Connections within the user's limits and bounded steps, asyncio (issue 25, points 3 and 5):
+the primitives of ``_aio_connections`` used directly, as the asyncio Lock will use them, with
+``redis.asyncio`` pools (run with asyncio.run, no plugin needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from typing import Any, List
+
+import pytest
+import redis
+import redis.asyncio
+
+import kit
+from redis_lock_client import _aio_connections as conns
+from redis_lock_client import _connections as sync_conns
+from redis_lock_client._common import grant_token, release_args
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def pool_clients(admin: "redis.Redis[bytes]", name: str) -> int:
+    return sum(1 for c in admin.client_list() if c.get("name") == name)
+
+
+def test_the_module_has_the_sync_modules_names() -> None:
+    import inspect
+
+    for name in sync_conns.__all__:
+        assert hasattr(conns, name), name
+    for name in ("take", "give_back", "abandon", "call", "connect", "request", "reconnect", "read"):
+        assert inspect.iscoroutinefunction(getattr(conns, name)), name
+    assert conns.ConnectionLimitError is sync_conns.ConnectionLimitError
+
+
+async def acquire(pool: Any, key: str, owner: bytes, deadline: float) -> int:
+    """A try, then a wait on a wait connection: what the asyncio Lock does."""
+    reply = await conns.request(pool, ["LOCK.ACQUIRE", key, owner, 60000], deadline, release=release_args(key, owner))
+    fence = grant_token(reply)
+    if fence is not None:
+        return fence
+    conn = await conns.take(pool, deadline)
+    try:
+        left = conns.remaining(deadline)
+        assert left is not None
+        reply = await conns.call(conn, ["LOCK.ACQUIRE", key, owner, 60000, "WAIT", int(left * 1000)], left + 2)
+    except BaseException:
+        await conns.abandon(conn, release_args(key, owner))
+        raise
+    await conns.give_back(pool, conn)
+    fence = grant_token(reply)
+    assert fence is not None
+    return fence
+
+
+def test_30_waiting_tasks_stay_within_a_blocking_pool_of_4(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    most = [0]
+    got: List[int] = []
+    inside = [0]
+    most_inside = [0]
+
+    async def main() -> None:
+        pool = redis.asyncio.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=4, timeout=60, client_name="acap4")
+        stop = asyncio.Event()
+
+        async def sample() -> None:
+            while not stop.is_set():
+                most[0] = max(most[0], await asyncio.get_running_loop().run_in_executor(None, pool_clients, r, "acap4"))
+                await asyncio.sleep(0.003)
+
+        sampler = asyncio.ensure_future(sample())
+        assert await acquire(pool, "acap", b"holder", time.monotonic() + 5)
+
+        async def worker(i: int) -> None:
+            owner = f"w{i}".encode()
+            await acquire(pool, "acap", owner, time.monotonic() + 100)
+            inside[0] += 1
+            most_inside[0] = max(most_inside[0], inside[0])
+            got.append(i)
+            await asyncio.sleep(0.005)
+            inside[0] -= 1
+            await conns.request(pool, release_args("acap", owner), time.monotonic() + 5)
+
+        tasks = [asyncio.ensure_future(worker(i)) for i in range(30)]
+        deadline = time.monotonic() + 20
+        while conns.in_use(pool) != (3, 27):
+            assert time.monotonic() < deadline, conns.in_use(pool)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        assert conns.in_use(pool) == (3, 27)
+        await conns.request(pool, release_args("acap", b"holder"), time.monotonic() + 5)
+        await asyncio.gather(*tasks)
+        stop.set()
+        await sampler
+        assert conns.in_use(pool) == (0, 0)
+        assert pool_clients(r, "acap4") <= conns.MAX_IDLE
+        await pool.disconnect()
+
+    run(main())
+    assert sorted(got) == list(range(30))
+    assert most_inside[0] == 1
+    assert most[0] <= 4, f"the server saw {most[0]} connections of a pool of 4"
+
+
+def test_no_connection_for_a_wait_raises_a_clear_error(server: kit.Server) -> None:
+    async def main() -> None:
+        pool = redis.asyncio.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=3, timeout=30)
+        conns.configure(pool, max_wait_connections=1)
+        first = await conns.take(pool, time.monotonic() + 5)
+        started = time.monotonic()
+        with pytest.raises(conns.ConnectionLimitError) as e:
+            await conns.take(pool, time.monotonic() + 0.3)
+        assert 0.25 <= time.monotonic() - started < 2
+        assert e.value.limit == "max_wait_connections" and "raise max_wait_connections" in str(e.value)
+        await conns.give_back(pool, first)
+        assert conns.in_use(pool) == (0, 0)
+        plain = redis.asyncio.ConnectionPool(host="127.0.0.1", port=server.port, max_connections=2)
+        a = await conns.take(plain, None, wait=False)
+        b = await conns.take(plain, None, wait=False)
+        with pytest.raises(conns.ConnectionLimitError) as e2:
+            await conns.take(plain, time.monotonic() + 1, wait=False)
+        assert e2.value.limit == "max_connections" and "max_connections=2" in str(e2.value)
+        await conns.give_back(plain, a)
+        await conns.give_back(plain, b)
+        await pool.disconnect()
+        await plain.disconnect()
+
+    run(main())
+
+
+def test_a_request_against_a_stopped_server_ends_within_its_deadline(server: kit.Server) -> None:
+    took: List[float] = []
+
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=server.port)
+        c = await conns.take(pool, None, wait=False)
+        await conns.connect(c, None)
+        await conns.give_back(pool, c)
+        server.pause()
+        try:
+            for _ in range(2):  # the first reuses the connected one, the second connects anew
+                started = time.monotonic()
+                with pytest.raises(redis.exceptions.TimeoutError):
+                    await conns.request(pool, ["LOCK.ACQUIRE", "stopped", "me", 1000], time.monotonic() + 2.0)
+                took.append(time.monotonic() - started)
+        finally:
+            server.resume()
+        assert conns.in_use(pool) == (0, 0)
+        await pool.disconnect()
+
+    run(main())
+    assert all(1.9 <= t < 2.3 for t in took), took
+
+
+def test_cancelled_waiters_leave_the_queue_and_their_places(server: kit.Server) -> None:
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=server.port)
+        conns.configure(pool, max_wait_connections=1)
+        first = await conns.take(pool, None)
+        queued = [asyncio.ensure_future(conns.take(pool, None)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert conns.in_use(pool) == (1, 3)
+        queued[0].cancel()
+        await asyncio.sleep(0.01)
+        assert conns.in_use(pool) == (1, 2)
+        await conns.give_back(pool, first)
+        second = await queued[1]
+        assert conns.in_use(pool) == (1, 1)
+        await conns.abandon(second, None)
+        third = await queued[2]
+        await conns.give_back(pool, third)
+        assert conns.in_use(pool) == (0, 0)
+        assert len(pool._in_use_connections) == 0
+        await pool.disconnect()
+
+    run(main())
+
+
+def test_reconnect_across_a_restart() -> None:
+    s = kit.Server()
+    again = None
+    try:
+        port = s.port
+
+        async def main() -> None:
+            nonlocal again
+            pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=port)
+            conn = await conns.take(pool, None)
+            await conns.connect(conn, None)
+            s.stop()
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await conns.call(conn, ["PING"], 2)
+            started = time.monotonic()
+            trying = asyncio.ensure_future(conns.reconnect(conn, time.monotonic() + 20))
+            await asyncio.sleep(0.6)
+            assert not trying.done()
+            again = subprocess.Popen(
+                [kit.SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loadmodule", kit.MODULE],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await trying
+            assert time.monotonic() - started >= 0.5
+            assert await conns.call(conn, ["PING"], 2) in (b"PONG", True)
+            await conns.give_back(pool, conn)
+            assert conns.in_use(pool) == (0, 0)
+            await pool.disconnect()
+
+        run(main())
+    finally:
+        if again is not None:
+            again.kill()
+            again.wait()
+        s.close()
