@@ -6,38 +6,19 @@ round asks every server at once with ``gather``) and runs the watchdog as a task
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import os
 import weakref
-from types import TracebackType
-from typing import Any, List, Literal, Optional, Tuple, Type
+from typing import Any, List, Literal, Optional, Tuple
 
 from redis.exceptions import LockError, ResponseError
 
+from . import _redlock_core as rc
 from . import _watch_aio
 from ._common import dedicated_kwargs
 from ._drive import drive_async
-from ._redlock_core import (
-    Answer,
-    Gone,
-    Hold,
-    Log,
-    Notify,
-    OnLost,
-    Park,
-    Pause,
-    RedlockBase,
-    RedlockCore,
-    Scatter,
-    Send,
-    Sleep,
-    StartWatchdog,
-    StopWatchdog,
-    Unwatch,
-    Watch,
-)
+from ._redlock_core import Answer, Hold, OnLost, Send
 
 logger = logging.getLogger(__name__)
 
@@ -80,19 +61,12 @@ async def _abandon(conn: Any, behind: Optional[Tuple[Any, ...]]) -> None:
     await asyncio.shield(asyncio.ensure_future(_abandon_now(conn, behind)))
 
 
-class _Instance:
+class _Instance(rc.InstanceBase):
     """One server: connections of our own (no retries), every step bounded by ``timeout``;
     idle ones are kept per process and event loop."""
 
     def __init__(self, client: Any, timeout: float) -> None:
-        pool = getattr(client, "connection_pool", None)
-        if pool is None:
-            raise TypeError(f"Redlock takes independent redis.asyncio.Redis clients, not {type(client).__name__}")
-        self.client = client
-        self.pool = pool
-        kw = pool.connection_kwargs
-        self.name = str(kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}")
-        self.timeout = timeout
+        super().__init__(client, timeout, "redis.asyncio.Redis")
         self._idle: List[Tuple[int, Any, Any]] = []  # (pid, event loop, connection)
 
     def take(self) -> Any:
@@ -129,65 +103,46 @@ class _Instance:
                 return Answer(None, e)
         conn = send.link if send.link is not None else self.take()
         try:
-            answer = Answer(await self._call(conn, send.args))
-        except ResponseError as e:
-            answer = Answer(None, e)  # the reply was read: the connection is clean
+            reply = await self._call(conn, send.args)
+        except ResponseError as e:  # the reply was read: the connection is clean
+            return self.settle(send, Answer(None, e), conn)
         except BaseException as e:  # noqa: BLE001 - cancellation included: give the connection up
             await _abandon(conn, send.behind)
-            if not isinstance(e, Exception):
-                raise
-            return Answer(None, e)
-        if send.link is None and not send.keep:
-            self.put(conn)
-            return answer
-        return Answer(answer.reply, answer.error, conn)
+            if isinstance(e, Exception):
+                return Answer(None, e)
+            raise
+        return self.settle(send, Answer(reply), conn)
 
 
-def _server_lost(core: RedlockCore, hold: Hold, server: int, reason: str) -> None:
-    """The watcher's report (from its task): judged by the core; the watchdog wakes."""
-    core.server_lost(hold, server, reason)
-    alarm = hold.alarm
-    if alarm is not None:
-        alarm.set()
-
-
-class Redlock(RedlockBase):
+class Redlock(rc.RedlockBase):
     """Redlock over N independent ``redis.asyncio.Redis`` clients: see the sync
     ``redis_lock_client.Redlock`` (same rules, same errors, same backoff); the watchdog is a
     task and ``on_lost`` may be a coroutine function."""
 
     _public_name = "redis_lock_client.asyncio.Redlock"
 
-    def _instance(self, client: Any, timeout: float) -> _Instance:
-        return _Instance(client, timeout)
-
-    @staticmethod
-    def _closed(conn: Any) -> bool:
-        return _is_closed(conn)
+    _instance = _Instance
+    _closed = staticmethod(_is_closed)
+    _watcher = _watch_aio
 
     async def __aenter__(self) -> "Redlock":
         await self.acquire()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc_value: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         try:
             await self.release()
         except LockError as e:
             self._exit_error(e)
 
     async def acquire(self, blocking: Optional[bool] = None, blocking_timeout: Optional[float] = None) -> Literal[True]:
-        return await drive_async(self._acquire_steps(blocking, blocking_timeout), self._perform)  # type: ignore[return-value]
+        return await drive_async(self._acquire_steps(blocking, blocking_timeout), self._perform)
 
     async def release(self) -> None:
         await drive_async(self._release_steps(), self._perform)
 
     async def extend(self, additional_time: Optional[float] = None) -> Literal[True]:
-        return await drive_async(self._extend_steps(additional_time), self._perform)  # type: ignore[return-value]
+        return await drive_async(self._extend_steps(additional_time), self._perform)
 
     async def reacquire(self) -> Literal[True]:
         return await self.extend(None)
@@ -202,46 +157,31 @@ class Redlock(RedlockBase):
 
     async def _perform(self, effect: Any) -> Any:
         kind = type(effect)
-        if kind is Scatter:
+        if kind is rc.Scatter:
             return list(await asyncio.gather(*(self.instances[s.server].request(s) for s in effect.sends)))
-        if kind is Sleep:
+        if kind is rc.Sleep:
             await asyncio.sleep(effect.seconds)
-        elif kind is Park:
-            for i, conn in effect.conns:
-                self.instances[i].put(conn)
-        elif kind is Log:
-            logger.log(effect.level, effect.message, *effect.args)
-        elif kind is Watch:
-            i = effect.server
-            hold = effect.hold
-            on_loss = functools.partial(_server_lost, self._core, hold, i)
-            return _watch_aio.watch(self.instances[i].client, self.name, hold.owner, on_loss)
-        elif kind is Unwatch:
-            for handle in effect.handles:
-                _watch_aio.unwatch(handle)
-        elif kind is StartWatchdog:
+        elif kind is rc.StartWatchdog:
             hold = effect.hold
             hold.alarm = asyncio.Event()
             hold.task = asyncio.ensure_future(_watchdog(weakref.ref(self), hold))
-        elif kind is StopWatchdog:
+        elif kind is rc.StopWatchdog:
             await _stop(effect.hold)
-        elif kind is Pause:
-            alarm = effect.hold.alarm
+        elif kind is rc.Pause:
             try:
-                await asyncio.wait_for(alarm.wait(), effect.seconds)
+                await asyncio.wait_for(effect.hold.alarm.wait(), effect.seconds)
             except asyncio.TimeoutError:
                 pass
-            alarm.clear()
-        elif kind is Notify:
-            if self.on_lost is not None:
+            effect.hold.alarm.clear()
+        elif kind is rc.Notify:
+            result = self._callback(effect.error)
+            if inspect.isawaitable(result):
                 try:
-                    result = self.on_lost(effect.error)
-                    if inspect.isawaitable(result):
-                        await result
-                except Exception:  # noqa: BLE001 - the user's callback: logged, not lost
-                    logger.exception("redlock watchdog: on_lost callback of %r raised", self.name)
+                    await result
+                except Exception:  # noqa: BLE001 - the user's coroutine: logged, not lost
+                    logger.exception("redlock watchdog: on_lost coroutine of %r raised", self.name)
         else:
-            raise TypeError(f"unknown effect {effect!r}")
+            return self._perform_local(effect)
         return None
 
 
@@ -261,17 +201,10 @@ async def _watchdog(ref: "weakref.ref[Redlock]", hold: Hold) -> None:
     async def perform(effect: Any) -> Any:
         rl = ref()
         if rl is None:
-            raise Gone()
+            raise rc.Gone()
         return await rl._perform(effect)
 
-    rl = ref()
-    if rl is None:
-        return
-    steps = rl._core.watch(hold)
-    del rl
     try:
-        await drive_async(steps, perform)
-    except asyncio.CancelledError:
-        raise
+        await drive_async(rc.watchdog_steps(ref, hold), perform)
     except Exception:  # noqa: BLE001 - a background task: logged, never silent
-        logger.exception("redlock watchdog of %r failed", hold.owner)
+        logger.exception("redlock watchdog failed")

@@ -14,13 +14,14 @@ and the judgement of a loss. The only thing read from the outside world is ``tim
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
@@ -46,7 +47,7 @@ from ._common import (
 )
 from ._drive import Steps
 
-__all__ = ["Outcome", "RedlockCore", "RedlockBase", "Hold", "backoff_delay"]
+__all__ = ["Outcome", "RedlockCore", "RedlockBase", "InstanceBase", "Hold", "backoff_delay"]
 
 #: Called once when a held lock is found lost (the asyncio face also takes a coroutine function).
 OnLost = Callable[[LockLostError], Any]
@@ -264,7 +265,7 @@ def classify(outcomes: Sequence[Outcome], names: Sequence[str], quorum: int, loc
     refusals = [o.value for o in outcomes if o.kind == "refused"]
     if refusals:
         err = refusals[0]
-        return map_response_error(err, lock_name) if isinstance(err, ResponseError) else err  # type: ignore[no-any-return]
+        return map_response_error(err, lock_name) if isinstance(err, ResponseError) else err
     return LockHeldError(
         f"Redlock: the lock is held by someone else ({granted} of {len(outcomes)} granted, {quorum} needed)",
         lock_name,
@@ -285,8 +286,8 @@ class Hold:
     """One acquired Redlock: which servers granted it (``tokens``, ``granted``), the bound
     connections (``links``, one per server, None where there is none), the watcher's handles,
     the servers the watcher reported lost (``down``: their reasons) and the local lease
-    (``valid_until``, monotonic). ``alarm`` and ``task`` belong to the face (the watchdog's
-    wake-up and its thread or task)."""
+    (``valid_until``, monotonic). ``alarm`` (an event with ``set()``: wakes the watchdog) and
+    ``task`` (the watchdog's thread or task) belong to the face."""
 
     def __init__(
         self,
@@ -621,7 +622,11 @@ class RedlockCore:
         with hold.mutex:
             if hold.down[server] is None:
                 hold.down[server] = reason or "lost"
-        return self.loss(hold)
+        err = self.loss(hold)
+        alarm = hold.alarm
+        if alarm is not None:
+            alarm.set()  # the watchdog looks at once (and reports the loss, if any)
+        return err
 
     def validity(self, hold: Optional[Hold]) -> float:
         if hold is None or self.loss(hold) is not None:
@@ -664,6 +669,42 @@ class RedlockCore:
 # the local hold, the steps of each public method
 
 
+def watchdog_steps(ref: Callable[[], Optional["RedlockBase"]], hold: Hold) -> "Steps[None]":
+    """The watchdog of ``hold`` for the Redlock that ``ref`` (a weak reference) names."""
+    rl = ref()
+    if rl is None:
+        return
+    core = rl._core
+    del rl
+    yield from core.watch(hold)
+
+
+class InstanceBase:
+    """The face-independent part of one server's connections: the face adds ``take`` and
+    ``put`` (idle connections) and ``request``."""
+
+    def __init__(self, client: Any, timeout: float, what: str) -> None:
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:
+            raise TypeError(f"Redlock takes independent {what} clients (one per server), not {type(client).__name__}")
+        self.client = client
+        self.pool = pool
+        kw = pool.connection_kwargs
+        self.name = str(kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}")
+        self.timeout = timeout
+
+    def put(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def settle(self, send: Send, answer: Answer, conn: Any) -> Answer:
+        """After a read reply: the connection goes back to the idle ones, or (a link, a kept
+        one) with the answer."""
+        if send.link is None and not send.keep:
+            self.put(conn)
+            return answer
+        return Answer(answer.reply, answer.error, conn)
+
+
 class Local(threading.local):
     """Per-thread token and hold, None in every thread until that thread acquires."""
 
@@ -677,10 +718,14 @@ class Shared:
 
 
 class RedlockBase:
-    """The face-independent part of ``Redlock``: a face adds ``_instance`` (its per-server
-    connections), ``_closed`` (is a connection closed, seen without I/O) and its methods."""
+    """The face-independent part of ``Redlock``: a face sets ``_instance`` (its per-server
+    connections), ``_closed`` (is a connection closed, seen without I/O), ``_watcher`` (its
+    loss-watcher module) and adds its methods."""
 
     _public_name = "Redlock"
+    _instance: Callable[[Any, float], Any]
+    _closed: Callable[[Any], bool]
+    _watcher: Any
 
     def __init__(
         self,
@@ -743,16 +788,42 @@ class RedlockBase:
             type(self)._closed,
         )
 
-    def _instance(self, client: Any, timeout: float) -> Any:
-        raise NotImplementedError
+    def _logger(self) -> logging.Logger:
+        return logging.getLogger(type(self).__module__)
 
-    @staticmethod
-    def _closed(conn: Any) -> bool:
-        raise NotImplementedError
+    def _perform_local(self, effect: Any) -> Any:
+        """The effects both faces carry out alike (none of them waits)."""
+        kind = type(effect)
+        if kind is Park:
+            for i, conn in effect.conns:
+                self.instances[i].put(conn)
+        elif kind is Log:
+            self._logger().log(effect.level, effect.message, *effect.args)
+        elif kind is Watch:
+            i, hold = effect.server, effect.hold
+            on_loss = functools.partial(self._core.server_lost, hold, i)
+            return self._watcher.watch(self.instances[i].client, self.name, hold.owner, on_loss)
+        elif kind is Unwatch:
+            for handle in effect.handles:
+                self._watcher.unwatch(handle)
+        else:
+            raise TypeError(f"unknown effect {effect!r}")
+        return None
+
+    def _callback(self, err: LockLostError) -> Any:
+        """Calls ``on_lost``; returns what it returned (a coroutine, maybe), None when it
+        raised (logged)."""
+        if self.on_lost is None:
+            return None
+        try:
+            return self.on_lost(err)
+        except Exception:  # noqa: BLE001 - the user's callback: logged, not lost
+            self._logger().exception("redlock watchdog: on_lost callback of %r raised", self.name)
+            return None
 
     # -- the steps of the public methods ------------------------------------------------------
 
-    def _acquire_steps(self, blocking: Optional[bool], blocking_timeout: Optional[float]) -> "Steps[bool]":
+    def _acquire_steps(self, blocking: Optional[bool], blocking_timeout: Optional[float]) -> "Steps[Literal[True]]":
         if blocking is None:
             blocking = self.blocking
         if blocking_timeout is None:
@@ -771,7 +842,7 @@ class RedlockBase:
         self.local.hold = None
         yield from self._core.release(hold)
 
-    def _extend_steps(self, additional_time: Optional[float]) -> "Steps[bool]":
+    def _extend_steps(self, additional_time: Optional[float]) -> "Steps[Literal[True]]":
         hold: Optional[Hold] = getattr(self.local, "hold", None)
         if hold is None:
             raise make_error(LockError, "Cannot extend an unlocked lock", self.name)
@@ -789,7 +860,7 @@ class RedlockBase:
         """What the context manager's exit does with a release error."""
         if self.raise_on_release_error:
             raise err
-        logging.getLogger(type(self).__module__).warning("Redlock was no longer held when exiting context manager.")
+        self._logger().warning("Redlock was no longer held when exiting context manager.")
 
     # -- state, read locally ------------------------------------------------------------------
 

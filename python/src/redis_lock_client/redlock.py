@@ -7,42 +7,22 @@ and a thread pool (a round asks every server at once)."""
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import os
 import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
-from typing import Any, List, Literal, Optional, Tuple, Type
+from typing import Any, List, Literal, Optional, Tuple
 
 from redis.exceptions import LockError, ResponseError
 
 from . import _connections as conns
+from . import _redlock_core as rc
 from . import _watch_sync
 from ._common import dedicated_kwargs
 from ._drive import drive
-from ._redlock_core import (
-    Answer,
-    Gone,
-    Hold,
-    Log,
-    Notify,
-    OnLost,
-    Outcome,
-    Park,
-    Pause,
-    RedlockBase,
-    RedlockCore,
-    Scatter,
-    Send,
-    Sleep,
-    StartWatchdog,
-    StopWatchdog,
-    Unwatch,
-    Watch,
-)
+from ._redlock_core import Answer, Hold, OnLost, Outcome, Send
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +53,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-class _Instance:
+class _Instance(rc.InstanceBase):
     """One server: connections of our own with ``timeout`` for connecting and every reply, and
     no retries (a paused or dead server costs at most ``timeout`` per request)."""
 
     def __init__(self, client: Any, timeout: float) -> None:
-        pool = getattr(client, "connection_pool", None)
-        if pool is None:
-            raise TypeError(
-                "Redlock takes independent redis.Redis clients (one per server), "
-                f"not {type(client).__name__}"
-            )
-        self.client = client
-        self.pool = pool
-        self.name = conns.server_name(pool)
-        self.timeout = timeout
+        super().__init__(client, timeout, "redis.Redis")
         self._idle: List[Tuple[int, Any]] = []  # (pid, connection)
         self._lock = threading.Lock()
 
@@ -127,29 +98,18 @@ class _Instance:
                 return Answer(None, e)
         conn = send.link if send.link is not None else self.take()
         try:
-            answer = Answer(conns.call(conn, list(send.args), self.timeout))
-        except ResponseError as e:
-            answer = Answer(None, e)  # the reply was read: the connection is clean
+            reply = conns.call(conn, list(send.args), self.timeout)
+        except ResponseError as e:  # the reply was read: the connection is clean
+            return self.settle(send, Answer(None, e), conn)
         except BaseException as e:  # noqa: BLE001 - interrupts included: give the connection up
             conns.abandon(conn, None if send.behind is None else list(send.behind))
-            if not isinstance(e, Exception):
-                raise
-            return Answer(None, e)
-        if send.link is None and not send.keep:
-            self.put(conn)
-            return answer
-        return Answer(answer.reply, answer.error, conn)
+            if isinstance(e, Exception):
+                return Answer(None, e)
+            raise
+        return self.settle(send, Answer(reply), conn)
 
 
-def _server_lost(core: RedlockCore, hold: Hold, server: int, reason: str) -> None:
-    """The watcher's report (from its thread): judged by the core; the watchdog wakes."""
-    core.server_lost(hold, server, reason)
-    alarm = hold.alarm
-    if alarm is not None:
-        alarm.set()
-
-
-class Redlock(RedlockBase):
+class Redlock(rc.RedlockBase):
     """One lock over N independent servers, each with the redis-lock module: held when a
     majority (N/2+1) granted it within its validity.
 
@@ -173,23 +133,15 @@ class Redlock(RedlockBase):
 
     _public_name = "redis_lock_client.Redlock"
 
-    def _instance(self, client: Any, timeout: float) -> _Instance:
-        return _Instance(client, timeout)
-
-    @staticmethod
-    def _closed(conn: Any) -> bool:
-        return conns.is_closed(conn)
+    _instance = _Instance
+    _closed = staticmethod(conns.is_closed)
+    _watcher = _watch_sync
 
     def __enter__(self) -> "Redlock":
         self.acquire()
         return self
 
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc_value: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         try:
             self.release()
         except LockError as e:
@@ -197,7 +149,7 @@ class Redlock(RedlockBase):
 
     def acquire(self, blocking: Optional[bool] = None, blocking_timeout: Optional[float] = None) -> Literal[True]:
         """Takes the lock on a majority, or raises (see the class documentation)."""
-        return drive(self._acquire_steps(blocking, blocking_timeout), self._perform)  # type: ignore[return-value]
+        return drive(self._acquire_steps(blocking, blocking_timeout), self._perform)
 
     def release(self) -> None:
         """Releases the lock on every server. ``LockNotOwnedError`` when a majority says this
@@ -208,7 +160,7 @@ class Redlock(RedlockBase):
         """Sets the lease on every server to ``additional_time`` seconds from now (default:
         ``timeout``; LOCK.EXTEND replaces the ttl). Raises ``LockLostError`` when the lock is
         known lost, ``QuorumUnreachableError`` when too few servers confirmed."""
-        return drive(self._extend_steps(additional_time), self._perform)  # type: ignore[return-value]
+        return drive(self._extend_steps(additional_time), self._perform)
 
     def reacquire(self) -> Literal[True]:
         return self.extend(None)
@@ -226,48 +178,30 @@ class Redlock(RedlockBase):
 
     def _perform(self, effect: Any) -> Any:
         kind = type(effect)
-        if kind is Scatter:
+        if kind is rc.Scatter:
             return self._scatter(effect.sends)
-        if kind is Sleep:
+        if kind is rc.Sleep:
             time.sleep(effect.seconds)
-        elif kind is Park:
-            for i, conn in effect.conns:
-                self.instances[i].put(conn)
-        elif kind is Log:
-            logger.log(effect.level, effect.message, *effect.args)
-        elif kind is Watch:
-            i = effect.server
-            hold = effect.hold
-            on_loss = functools.partial(_server_lost, self._core, hold, i)
-            return _watch_sync.watch(self.instances[i].client, self.name, hold.owner, on_loss)
-        elif kind is Unwatch:
-            for handle in effect.handles:
-                _watch_sync.unwatch(handle)
-        elif kind is StartWatchdog:
+        elif kind is rc.StartWatchdog:
             hold = effect.hold
             hold.alarm = threading.Event()
             hold.task = threading.Thread(
                 target=_watchdog, args=(weakref.ref(self), hold), name="redlock-watchdog", daemon=True
             )
             hold.task.start()
-        elif kind is StopWatchdog:
+        elif kind is rc.StopWatchdog:
             hold = effect.hold
             if hold.alarm is not None:
                 hold.alarm.set()
             if hold.task is not None and hold.task is not threading.current_thread():
                 hold.task.join()
-        elif kind is Pause:
-            alarm = effect.hold.alarm
-            alarm.wait(effect.seconds)
-            alarm.clear()
-        elif kind is Notify:
-            if self.on_lost is not None:
-                try:
-                    self.on_lost(effect.error)
-                except Exception:  # noqa: BLE001 - the user's callback: logged, not lost
-                    logger.exception("redlock watchdog: on_lost callback of %r raised", self.name)
+        elif kind is rc.Pause:
+            effect.hold.alarm.wait(effect.seconds)
+            effect.hold.alarm.clear()
+        elif kind is rc.Notify:
+            self._callback(effect.error)
         else:
-            raise TypeError(f"unknown effect {effect!r}")
+            return self._perform_local(effect)
         return None
 
     def _scatter(self, sends: Tuple[Send, ...]) -> List[Answer]:
@@ -296,15 +230,10 @@ def _watchdog(ref: "weakref.ref[Redlock]", hold: Hold) -> None:
     def perform(effect: Any) -> Any:
         rl = ref()
         if rl is None:
-            raise Gone()
+            raise rc.Gone()
         return rl._perform(effect)
 
-    rl = ref()
-    if rl is None:
-        return
-    steps = rl._core.watch(hold)
-    del rl
     try:
-        drive(steps, perform)
+        drive(rc.watchdog_steps(ref, hold), perform)
     except Exception:  # noqa: BLE001 - a background thread: logged, never silent
-        logger.exception("redlock watchdog of %r failed", hold.owner)
+        logger.exception("redlock watchdog failed")
