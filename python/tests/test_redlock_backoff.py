@@ -197,8 +197,14 @@ def test_repr(redlock_servers: List[kit.Server]) -> None:
     rl.acquire()
     assert "held on 5" in repr(rl) and "s valid" in repr(rl)
     rl.release()
-    arl = alock.Redlock([redis.asyncio.Redis(port=s.port) for s in redlock_servers], "job", timeout=10)
-    assert repr(arl).startswith("<redis_lock_client.asyncio.Redlock 'job'") and "not held" in repr(arl)
+
+
+    async def main() -> str:  # (Python 3.8: an asyncio client is made inside the event loop)
+        arl = alock.Redlock([redis.asyncio.Redis(port=s.port) for s in redlock_servers], "job", timeout=10)
+        return repr(arl)
+
+    text = asyncio.run(main())
+    assert text.startswith("<redis_lock_client.asyncio.Redlock 'job'") and "not held" in text
 
 
 # -- the loss watcher's hand-off (the watcher itself is another module's; here its interface
