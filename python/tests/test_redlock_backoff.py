@@ -19,7 +19,7 @@ import redis.asyncio
 
 import kit
 from kit import wait_for
-from redis_lock_client import LockHeldError, QuorumUnreachableError, Redlock
+from redis_lock_client import LockHeldError, LockNotOwnedError, QuorumUnreachableError, Redlock
 from redis_lock_client import asyncio as alock
 
 
@@ -263,7 +263,7 @@ def test_each_grant_is_watched_and_a_quorum_of_reported_losses_is_noticed_at_onc
     assert lost[0][1].reason == "deleted" and rl.lost
     try:
         rl.release()
-    except Exception:
+    except LockNotOwnedError:
         pass
     assert sorted(watcher.unwatched) == [("handle", i) for i in range(1, 5)]
 
@@ -277,3 +277,90 @@ def test_watchdog_renewals_go_over_the_watchers_connection(redlock_servers: List
     extends = [a for a in watcher.calls if a[0] == "LOCK.EXTEND"]
     assert len(extends) >= 2 * 5 and all(a[1] == "job" and a[2] == rl.local.token for a in extends)
     rl.release()
+
+
+# -- a cancelled asyncio acquire leaves no grant -------------------------------------------------
+
+
+def test_async_acquire_cancelled_while_requests_are_out_leaves_no_grant(redlock_servers: List[kit.Server]) -> None:
+    """3 servers granted at once, 2 are paused: the task is cancelled while it waits for them.
+    The core releases everywhere before the cancellation goes on (the grants used to stay for
+    the whole 30 s lease: only the unanswered requests were handed back)."""
+
+    async def main() -> float:
+        cs = [redis.asyncio.Redis(host="127.0.0.1", port=s.port) for s in redlock_servers]
+        for c in cs:
+            await c.ping()
+        redlock_servers[3].pause()
+        redlock_servers[4].pause()
+        try:
+            rl = alock.Redlock(cs, "ck", timeout=30, blocking=False, instance_timeout=3)
+            task = asyncio.ensure_future(rl.acquire())
+            await asyncio.sleep(0.5)
+            task.cancel()
+            t0 = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return time.monotonic() - t0
+        finally:
+            for s in redlock_servers:
+                s.resume()
+
+    took = asyncio.run(asyncio.wait_for(main(), 60))
+    assert took < 5  # the release is bounded by instance_timeout too
+
+    def free() -> bool:
+        for s in redlock_servers:
+            c = s.client(socket_timeout=2)
+            reply = c.execute_command("LOCK.INFO", "ck")
+            c.close()
+            if reply is not None:
+                return False
+        return True
+
+    # Well before the 30 s lease.
+    wait_for(free, 10, what="ck to be free everywhere")
+
+
+def test_async_watcher_reports_and_renewals(redlock_servers: List[kit.Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis_lock_client import _watch_aio
+
+    w = Watcher()
+    calls: List[List[Any]] = []
+
+    async def call(client: Any, args: List[Any], timeout: Optional[float]) -> Any:
+        calls.append(list(args))
+        return await client.execute_command(*args)
+
+    monkeypatch.setattr(_watch_aio, "watch", w.watch)
+    monkeypatch.setattr(_watch_aio, "unwatch", w.unwatch)
+    monkeypatch.setattr(_watch_aio, "call", call)
+
+    async def main() -> None:
+        cs = [redis.asyncio.Redis(host="127.0.0.1", port=s.port) for s in redlock_servers]
+        lost: List[Tuple[float, Any]] = []
+
+        async def on_lost(e: Any) -> None:
+            lost.append((time.monotonic(), e))
+
+        rl = alock.Redlock(cs, "job", timeout=0.6, on_lost=on_lost)
+        await rl.acquire()
+        assert [x[0] for x in w.watched] == cs
+        await asyncio.sleep(0.7)  # renewals at 0.2 s, 0.4 s, 0.6 s
+        assert sum(1 for a in calls if a[0] == "LOCK.EXTEND") >= 2 * 5
+        for report in w.watched[:2]:
+            report[3]("deleted")
+        await asyncio.sleep(0.1)
+        assert not lost and not rl.lost
+        t0 = time.monotonic()
+        w.watched[2][3]("expired")
+        while not lost and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.001)
+        assert lost and lost[0][0] - t0 < 0.05 and lost[0][1].reason == "deleted"
+        try:
+            await rl.release()  # (the reports were the test's: the servers may still hold it)
+        except LockNotOwnedError:
+            pass  # the lease ran out meanwhile
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert len(w.unwatched) == 5

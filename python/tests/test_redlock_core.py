@@ -454,6 +454,9 @@ def test_watchdog_renews_every_third_of_the_ttl_and_reports_a_loss_once(clock: C
     assert len(extends) == 3 and all(0.99 <= g <= 1.01 for g in gaps), gaps
     notes = s.of(rc.Notify)
     assert len(notes) == 1 and notes[0].error.reason == "notowner"
+    # The watches end with the loss (a release later has none left to end).
+    assert len(s.of(rc.Unwatch)) == 1 and len(s.of(rc.Unwatch)[0].handles) == 5
+    assert all(h is None for h in hold.handles)
 
 
 def test_watchdog_reports_a_watcher_loss_at_its_next_look(clock: Clock) -> None:
@@ -469,8 +472,8 @@ def test_watchdog_reports_a_watcher_loss_at_its_next_look(clock: Clock) -> None:
                 c.server_lost(hold, 1, "deleted")  # as the watcher's thread would
             clock.now += effect.seconds
             return None
-        if isinstance(effect, rc.Notify):
-            notes.append(effect.error)
+        if isinstance(effect, (rc.Notify, rc.Unwatch)):
+            notes.extend([effect.error] if isinstance(effect, rc.Notify) else [])
             return None
         raise AssertionError(f"unexpected {effect}")
 

@@ -158,7 +158,7 @@ class Redlock(rc.RedlockBase):
     async def _perform(self, effect: Any) -> Any:
         kind = type(effect)
         if kind is rc.Scatter:
-            return list(await asyncio.gather(*(self.instances[s.server].request(s) for s in effect.sends)))
+            return await self._scatter(effect.sends)
         if kind is rc.Sleep:
             await asyncio.sleep(effect.seconds)
         elif kind is rc.StartWatchdog:
@@ -183,6 +183,19 @@ class Redlock(rc.RedlockBase):
         else:
             return self._perform_local(effect)
         return None
+
+    async def _scatter(self, sends: Tuple[Send, ...]) -> List[Answer]:
+        """Every send at once (``gather``). Cancelled while they run: each request still out
+        gives its connection up, and so is a connection that a request which had already ended
+        kept (a bound grant); then the cancellation propagates (into the core, which releases)."""
+        tasks = [asyncio.ensure_future(self.instances[s.server].request(s)) for s in sends]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for s, t in zip(sends, tasks):
+                if t.done() and not t.cancelled() and t.exception() is None and t.result().conn is not None:
+                    await _abandon(t.result().conn, s.behind)
+            raise
 
 
 async def _stop(hold: Hold) -> None:

@@ -467,6 +467,13 @@ class RedlockCore:
                 links[i] = a.conn
         return result
 
+    def _unwatch(self, hold: Hold) -> "Steps[None]":
+        with hold.mutex:
+            handles = tuple(h for h in hold.handles if h is not None)
+            hold.handles = [None] * self.n
+        if handles:
+            yield Unwatch(handles)
+
     def _park(self, links: Optional[List[Any]]) -> "Steps[None]":
         if links is not None and any(c is not None for c in links):
             yield Park(tuple((i, c) for i, c in enumerate(links) if c is not None))
@@ -476,10 +483,7 @@ class RedlockCore:
         quorum says this owner no longer held it."""
         hold.stopped = True
         yield StopWatchdog(hold)
-        handles = tuple(h for h in hold.handles if h is not None)
-        if handles:
-            hold.handles = [None] * self.n
-            yield Unwatch(handles)
+        yield from self._unwatch(hold)
         links = hold.links
         outcomes = yield from self._release(hold.owner, links, None)
         yield from self._park(links)
@@ -661,6 +665,7 @@ class RedlockCore:
             return
         err = self.loss(hold)
         if err is not None and not hold.stopped:
+            yield from self._unwatch(hold)  # nothing more to hear about this hold
             yield Notify(err)
 
 
