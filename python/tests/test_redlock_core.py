@@ -496,3 +496,18 @@ def test_watchdog_ends_quietly_when_released_or_gone(clock: Clock) -> None:
         raise rc.Gone()
 
     drive(c.watch(hold2), gone)  # no exception, no report
+
+
+def test_interrupted_between_rounds_gives_the_bound_connections_back(clock: Clock) -> None:
+    c = core(bind=True)
+    s = Script(clock, lambda r, send: rc.Answer(None, None, f"conn{send.server}"))  # held everywhere
+
+    def perform(effect: Any) -> Any:
+        if isinstance(effect, rc.Sleep):
+            raise KeyboardInterrupt()
+        return s(effect)
+
+    with pytest.raises(KeyboardInterrupt):
+        drive(c.acquire(True, 10), perform)
+    parks = s.of(rc.Park)
+    assert len(parks) == 1 and sorted(parks[0].conns) == [(i, f"conn{i}") for i in range(5)]

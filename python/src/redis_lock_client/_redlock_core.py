@@ -400,12 +400,16 @@ class RedlockCore:
                 raise error
             if isinstance(error, LockHeldError):
                 failures = 0
-                delay = contention_delay(self.retry_delay, self.random())
+                delay = min(contention_delay(self.retry_delay, self.random()), give_up - now)
             else:
                 failures += 1
-                delay = backoff_delay(failures, self.retry_delay, self.random())
+                delay = min(backoff_delay(failures, self.retry_delay, self.random()), give_up - now)
                 yield from self._warn(outcomes, error, failures, delay, now)
-            yield Sleep(max(0.0, min(delay, give_up - now)))
+            try:
+                yield Sleep(max(0.0, delay))
+            except BaseException:
+                yield from self._park(links)  # interrupted between rounds: nothing is held
+                raise
 
     def _granted(self, owner: bytes, started: float, outcomes: List[Outcome], links: Optional[List[Any]]) -> "Steps[Hold]":
         granted = [o.kind == "granted" for o in outcomes]
