@@ -198,7 +198,8 @@ def test_redlock_watchdog_and_del_on_a_majority(redlock_servers: List[kit.Server
         c.delete("job")
         c.close()
     wait_for(lambda: lost, 5, what="the loss report")
-    assert lost[0].reason == "notowner"
+    # "notowner": found by a renewal; "deleted": reported at once by the loss watcher (issue 25).
+    assert lost[0].reason in ("notowner", "deleted")
     with pytest.raises(LockNotOwnedError):
         rl.release()
 
