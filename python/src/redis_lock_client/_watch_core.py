@@ -370,7 +370,7 @@ class Watcher:
 
     def _too_soon(self, key: bytes, now: float) -> bool:
         last = self.last_read.get(key)
-        return last is not None and now - last < self._spacing_of(key)
+        return last is not None and now - last < self._spacing_of(key) - 1e-9
 
     def _read_now_or_due(self, key: bytes, now: float) -> Plan:
         if key in self.in_flight or self._too_soon(key, now):
