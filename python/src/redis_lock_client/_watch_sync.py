@@ -110,17 +110,19 @@ class _Watcher:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
+        self.pipe_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"redis-lock-watch {ident[1:3]}", daemon=True)
 
     # -- called from other threads ------------------------------------------------------------
 
     def wake(self) -> None:
-        try:
-            os.write(self.wake_w, b"x")
-        except BlockingIOError:
-            pass  # already awake
-        except OSError:
-            pass  # closed: the thread ended
+        with self.pipe_lock:  # never a write to a closed (maybe reused) descriptor
+            if self.wake_w < 0:
+                return  # the thread ended
+            try:
+                os.write(self.wake_w, b"x")
+            except BlockingIOError:
+                pass  # already awake
 
     def queue(self, plan: core.Plan) -> None:
         if plan:
@@ -157,11 +159,10 @@ class _Watcher:
             with _reg().lock:
                 if _reg().watchers.get(self.ident) is self:
                     del _reg().watchers[self.ident]
-            for fd in (self.wake_r, self.wake_w):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            with self.pipe_lock:
+                os.close(self.wake_r)
+                os.close(self.wake_w)
+                self.wake_w = -1
             self.first_attempt.set()
 
     def _loop(self) -> None:
