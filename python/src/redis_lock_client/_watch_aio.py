@@ -37,30 +37,10 @@ from ._common import to_bytes
 logger = logging.getLogger(__name__)
 
 
-class Unavailable(Exception):
-    """No watcher for this client: use the client's own connections."""
-
-
-class Handle:
-    """A registration; pass it to ``unwatch``."""
-
-    __slots__ = ("_watcher", "_reg")
-
-    def __init__(self, watcher: "_Watcher", reg: core.Registration) -> None:
-        self._watcher = watcher
-        self._reg = reg
-
-    def __repr__(self) -> str:
-        return f"<watch handle {self._reg!r}>"
-
-
-def _server_of(client: Any) -> Optional[Tuple[Any, type, Dict[str, Any]]]:
-    pool = getattr(client, "connection_pool", None)
-    cls = getattr(pool, "connection_class", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if pool is None or cls is None or not isinstance(kwargs, dict):
-        return None
-    return core.server_ident(cls, kwargs, pool), cls, dict(kwargs)
+#: The same classes for both faces (an ``except Unavailable`` of either catches both).
+Unavailable = core.Unavailable
+Handle = core.Handle
+_server_of = core.server_of
 
 
 #: Per event loop: its watchers by server. Servers found to refuse tracking (per process).

@@ -184,6 +184,34 @@ def holder_count(reply: Any) -> Optional[int]:
     return None if info is None else len(info.holders)
 
 
+class Unavailable(Exception):
+    """No watcher for this client: use the client's own connections."""
+
+
+class Handle:
+    """A registration; pass it to ``unwatch``."""
+
+    __slots__ = ("_watcher", "_reg")
+
+    def __init__(self, watcher: Any, reg: "Registration") -> None:
+        self._watcher = watcher
+        self._reg = reg
+
+    def __repr__(self) -> str:
+        return f"<watch handle {self._reg!r}>"
+
+
+def server_of(client: Any) -> Optional[Tuple[Any, type, Dict[str, Any]]]:
+    """The key of the client's server, its connection class and arguments; None for clients
+    without one connection pool (a cluster)."""
+    pool = getattr(client, "connection_pool", None)
+    cls = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if pool is None or cls is None or not isinstance(kwargs, dict):
+        return None
+    return server_ident(cls, kwargs, pool), cls, dict(kwargs)
+
+
 class Registration:
     """One ``watch``: a key, an owner, the callback; ``first``: the number of the first
     re-read that may judge it; ``done``: lost (reported) or unwatched."""

@@ -38,33 +38,10 @@ logger = logging.getLogger(__name__)
 FIRST_CONNECT_WAIT = 2.0
 
 
-class Unavailable(Exception):
-    """No watcher for this client: use the client's own connections."""
-
-
-class Handle:
-    """A registration; pass it to ``unwatch``."""
-
-    __slots__ = ("_watcher", "_reg")
-
-    def __init__(self, watcher: "_Watcher", reg: core.Registration) -> None:
-        self._watcher = watcher
-        self._reg = reg
-
-    def __repr__(self) -> str:
-        return f"<watch handle {self._reg!r}>"
-
-
-def _server_of(client: Any) -> Optional[Tuple[Any, type, Dict[str, Any]]]:
-    """The key of the client's server, its connection class and arguments; None for clients
-    without one connection pool (a cluster)."""
-    pool = getattr(client, "connection_pool", None)
-    cls = getattr(pool, "connection_class", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if pool is None or cls is None or not isinstance(kwargs, dict):
-        return None
-    ident = core.server_ident(cls, kwargs, pool)
-    return ident, cls, dict(kwargs)
+#: The same classes for both faces (an ``except Unavailable`` of either catches both).
+Unavailable = core.Unavailable
+Handle = core.Handle
+_server_of = core.server_of
 
 
 class _Registry:
