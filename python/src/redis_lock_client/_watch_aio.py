@@ -66,8 +66,6 @@ class _Watcher:
         self.io = asyncio.Lock()
         self.cmd: Any = None
         self.push: Any = None
-        self.generation = 0
-        self.queued: List[Tuple[int, core.Plan]] = []
         self.messages: List[Any] = []
         self.broken = False
         self.wakeup = asyncio.Event()
@@ -75,8 +73,7 @@ class _Watcher:
         self.task: "asyncio.Task[None]" = loop.create_task(self._run())
 
     def queue(self, plan: core.Plan) -> None:
-        if plan:
-            self.queued.append((self.generation, plan))
+        if self.core.queue(plan):
             self.wakeup.set()
 
     def _mark_broken(self) -> None:
@@ -138,16 +135,8 @@ class _Watcher:
                     await self._sleep(delay)
                     continue
             await self._sleep(core.wait_timeout(self.core, time.monotonic()))
-            now = time.monotonic()
-            plan = core.Plan()
             messages, self.messages = self.messages, []
-            for m in messages:
-                plan.extend(self.core.message(m, now))
-            queued, self.queued = self.queued, []
-            for gen, p in queued:
-                if gen == self.generation:
-                    plan.extend(p)
-            plan.extend(self.core.tick(now))
+            plan = self.core.step(messages, time.monotonic())
             if plan:
                 await self._execute(plan)
             else:
@@ -174,7 +163,6 @@ class _Watcher:
         async with self.io:
             self.cmd = cmd
             self.broken = False
-        self.generation += 1
         plan = self.core.connected(cid)
         self.reader = self.loop.create_task(self._read_pushes(push))
         await self._execute(plan)
@@ -232,16 +220,10 @@ class _Watcher:
                             replies.append((None, e))
                 except (ConnectionError, TimeoutError, OSError) as e:
                     logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
-                    self.broken = True
                     failed = True
-        if failed:
-            self.core.connection_lost_reads(plan.reads)
-        for i, _ in enumerate(plan.commands):
-            if i < len(replies) and self.core.registered_reply(*replies[i]):
-                self.broken = True
-        lost: List[Tuple[core.Registration, str]] = []
-        for (key, number), (reply, err) in zip(plan.reads, replies[len(plan.commands):]):
-            lost += self.core.read_done(key, number, reply, err)
+        reconnect, lost = self.core.answered(plan, replies, failed)
+        if reconnect:
+            self.broken = True
         for reg, reason in lost:
             await _report(reg, reason)
 

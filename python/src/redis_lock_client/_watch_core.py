@@ -261,6 +261,30 @@ class Watcher:
         self.refused: Optional[str] = None  # the server refused tracking: why
         self.idle_since: Optional[float] = time.monotonic()
         self.failures = 0
+        self.generation = 0  # connections set up so far
+        self.queued: List[Tuple[int, Plan]] = []  # plans of ``add``/``remove`` not yet sent
+
+    def queue(self, plan: Plan) -> bool:
+        """Keeps a plan made outside the face's loop for its next ``step``; True when the
+        face's loop must be woken."""
+        if not plan:
+            return False
+        self.queued.append((self.generation, plan))
+        return True
+
+    def step(self, messages: Sequence[Any], now: float) -> Plan:
+        """One turn of a face's loop: what the pushes read since the last turn, the queued
+        registrations (only those made for the connections up now: a reconnect registered
+        every key anew) and the due re-reads ask for."""
+        plan = Plan()
+        for m in messages:
+            plan.extend(self.message(m, now))
+        queued, self.queued = self.queued, []
+        for generation, p in queued:
+            if generation == self.generation:
+                plan.extend(p)
+        plan.extend(self.tick(now))
+        return plan
 
     # -- registrations ------------------------------------------------------------------------
 
@@ -345,6 +369,7 @@ class Watcher:
         every key and re-read every key."""
         self.redirect = redirect
         self.failures = 0
+        self.generation += 1
         self.in_flight.clear()
         self.due.clear()
         self.registered = set(minimal(self.regs))
@@ -458,6 +483,24 @@ class Watcher:
         if undecided or any(r.first > number for r in self.regs.get(key, [])):
             self.due.add(key)
         return lost
+
+    def answered(
+        self, plan: Plan, replies: Sequence[Tuple[Any, Optional[BaseException]]], failed: bool
+    ) -> Tuple[bool, List[Tuple[Registration, str]]]:
+        """The replies to ``plan`` (its commands', then its re-reads', each a reply or an error
+        reply; fewer when the connection failed, ``failed``): whether the connections must be
+        set up again, and the registrations found lost with their reasons (now marked done;
+        the face calls each ``on_loss(reason)``)."""
+        reconnect = failed
+        if failed:
+            self.connection_lost_reads(plan.reads)
+        for reply, error in replies[: len(plan.commands)]:
+            if self.registered_reply(reply, error):
+                reconnect = True
+        lost: List[Tuple[Registration, str]] = []
+        for (key, number), (reply, error) in zip(plan.reads, replies[len(plan.commands) :]):
+            lost += self.read_done(key, number, reply, error)
+        return reconnect, lost
 
     def connection_lost_reads(self, reads: Sequence[Tuple[bytes, int]]) -> None:
         """Re-reads that got no answer because the connection failed: the reconnect re-reads."""

@@ -80,8 +80,6 @@ class _Watcher:
         self.io = threading.Lock()  # the command connection
         self.cmd: Any = None
         self.push: Any = None
-        self.generation = 0
-        self.queued: List[Tuple[int, core.Plan]] = []
         self.broken = False
         self.first_attempt = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
@@ -102,8 +100,7 @@ class _Watcher:
                 pass  # already awake
 
     def queue(self, plan: core.Plan) -> None:
-        if plan:
-            self.queued.append((self.generation, plan))
+        if self.core.queue(plan):
             self.wake()
 
     def call(self, args: List[Any], timeout: Optional[float]) -> Any:
@@ -179,16 +176,8 @@ class _Watcher:
             with self.mu:
                 timeout = core.wait_timeout(self.core, time.monotonic())
             messages = self._wait(timeout)
-            plan = core.Plan()
             with self.mu:
-                now = time.monotonic()
-                for m in messages:
-                    plan.extend(self.core.message(m, now))
-                queued, self.queued = self.queued, []
-                for gen, p in queued:
-                    if gen == self.generation:
-                        plan.extend(p)
-                plan.extend(self.core.tick(now))
+                plan = self.core.step(messages, time.monotonic())
             if plan:
                 self._execute(plan)
             else:
@@ -219,7 +208,6 @@ class _Watcher:
             self.cmd = cmd
             self.broken = False
         with self.mu:
-            self.generation += 1
             plan = self.core.connected(cid)
         self._execute(plan)
 
@@ -286,18 +274,11 @@ class _Watcher:
                             replies.append((None, e))
                 except (ConnectionError, TimeoutError, OSError) as e:
                     logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
-                    self.broken = True
                     failed = True
-        lost: List[Tuple[core.Registration, str]] = []
         with self.mu:
-            if failed:
-                self.core.connection_lost_reads(plan.reads)
-            for i, _ in enumerate(plan.commands):
-                reply, err = replies[i]
-                if self.core.registered_reply(reply, err):
-                    self.broken = True
-            for (key, number), (reply, err) in zip(plan.reads, replies[len(plan.commands):]):
-                lost += self.core.read_done(key, number, reply, err)
+            reconnect, lost = self.core.answered(plan, replies, failed)
+        if reconnect:
+            self.broken = True
         for reg, reason in lost:
             _report(reg, reason)
 
