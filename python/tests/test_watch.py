@@ -721,9 +721,17 @@ def test_a_watcher_with_nothing_to_watch_ends(face: Face, r: "redis.Redis[bytes]
 # No watcher: callers carry on without it
 
 
-def test_acl_without_tracking_gives_no_watcher(face_kind: str, server: kit.Server, r: "redis.Redis[bytes]") -> None:
-    r.acl_setuser("notrack", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-client|tracking"])
-    f = make_face(face_kind, server.port, username="notrack", password="pw")
+@pytest.mark.parametrize("refused", ["tracking", "channel"])
+def test_acl_without_tracking_gives_no_watcher(face_kind: str, refused: str, server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """A user the server refuses ``CLIENT TRACKING``, or the invalidation channel: no watcher
+    (logged), the caller carries on. The same server with a user allowed both: a watcher."""
+    if refused == "tracking":
+        r.acl_setuser("limited", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-client|tracking"])
+    else:
+        r.acl_setuser("limited", enabled=True, passwords=["+pw"], keys=["*"], channels=["other"], commands=["+@all"])
+    r.acl_setuser("allowed", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all"])
+    f = make_face(face_kind, server.port, username="limited", password="pw")
+    ok = make_face(face_kind, server.port, username="allowed", password="pw")
     try:
         acquire(r, "acl")
         handle, n = f.watch("acl")
@@ -735,18 +743,27 @@ def test_acl_without_tracking_gives_no_watcher(face_kind: str, server: kit.Serve
             assert handle is None
         with pytest.raises((ws.Unavailable, wa.Unavailable)):
             f.call(["PING"])
+        h2, n2 = watched(ok, "acl")
+        r.delete("acl")
+        assert n2.wait() and n2.reasons == ["deleted"]
+        ok.unwatch(h2)
+        assert not n.event.is_set()
     finally:
-        r.acl_deluser("notrack")
         f.close()
+        ok.close()
+        r.acl_deluser("limited", "allowed")
 
 
-def test_no_watcher_for_a_cluster() -> None:
-    from redis.cluster import RedisCluster
-
-    class FakeCluster(RedisCluster):  # only the type matters: no pool of one server
-        def __init__(self) -> None:
-            pass
-
-    assert ws.watch(FakeCluster(), "k", OWNER, print) is None
-    with pytest.raises(ws.Unavailable):
-        ws.call(FakeCluster(), ["PING"], 1.0)
+def test_a_cluster_gives_no_watcher_a_single_server_one(cluster: kit.Cluster, server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    c = cluster.client()
+    try:
+        assert ws.watch(c, "k", OWNER, print) is None
+        with pytest.raises(ws.Unavailable):
+            ws.call(c, ["PING"], 1.0)
+    finally:
+        c.close()
+    acquire(r, "single")
+    h, n = watched(SyncFace(server.port), "single")
+    r.delete("single")
+    assert n.wait() and n.reasons == ["deleted"]
+    ws.unwatch(h)
