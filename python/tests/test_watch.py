@@ -560,6 +560,7 @@ def test_a_forked_child_uses_its_own_watcher(server: kit.Server, r: "redis.Redis
             ev = threading.Event()
             hc = ws.watch(c, "child", b"child", lambda reason: ev.set())
             assert hc is not None and hc._watcher is not h._watcher
+            ws.unwatch(h)  # the parent's handle: no effect on the parent's watcher
             os.write(wr, b"w")
             code = 0 if ev.wait(10) else 2
         finally:
@@ -699,6 +700,31 @@ def test_restart_reconnects_and_reports_a_hold_lost_in_it(face_kind: str) -> Non
 @pytest.fixture(params=FACES)
 def face_kind(request: Any) -> str:
     return str(request.param)
+
+
+@pytest.mark.parametrize("which", ["command", "push"])
+def test_a_watcher_connection_killed_is_set_up_again_and_every_key_reread(face: Face, which: str, r: "redis.Redis[bytes]") -> None:
+    """Either of the watcher's connections dropping: it reconnects, registers again and
+    re-reads every key, so a hold lost while it was down is reported, and later losses too."""
+    for key in ("kept", "lost"):
+        acquire(r, f"{key}-{face.name}")
+    hk, nk = watched(face, f"kept-{face.name}")
+    hl, nl = watched(face, f"lost-{face.name}")
+    watcher = hk._watcher
+    kit.wait_for(lambda: watcher.core.is_up(), what="the watcher connected")
+    cmd_id, push_id = int(face.call(["CLIENT", "ID"])), watcher.core.redirect
+    assert push_id is not None
+    victim = cmd_id if which == "command" else push_id
+    r.client_kill_filter(_id=victim)
+    r.delete(f"lost-{face.name}")  # while the watcher may be down: not pushed to it
+    assert nl.wait(), "the hold lost while the connection was down is reported after the reconnect"
+    assert nl.reasons == ["deleted"]
+    kit.wait_for(lambda: victim not in [int(c["id"]) for c in r.client_list()] and watcher.core.is_up(), what="set up again")
+    assert not nk.event.is_set(), "the kept one is still held"
+    r.delete(f"kept-{face.name}")
+    assert nk.wait() and nk.reasons == ["deleted"], "tracking is on again"
+    face.unwatch(hk)
+    face.unwatch(hl)
 
 
 def test_a_watcher_with_nothing_to_watch_ends(face: Face, r: "redis.Redis[bytes]", monkeypatch: Any) -> None:

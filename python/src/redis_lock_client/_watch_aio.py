@@ -59,6 +59,7 @@ def _watchers(loop: asyncio.AbstractEventLoop) -> Dict[Any, "_Watcher"]:
 class _Watcher:
     def __init__(self, ident: Any, cls: type, kwargs: Dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         self.ident = ident
+        self.pid = os.getpid()
         self.cls = cls
         self.kwargs = core.watcher_kwargs(kwargs)
         self.loop = loop
@@ -265,6 +266,8 @@ def unwatch(handle: Optional[Handle]) -> None:
     if handle is None:
         return
     w = handle._watcher
+    if w.pid != os.getpid():
+        return  # a forked child: the parent's watcher (its locks may be held) is not ours
     w.queue(w.core.remove(handle._reg))
     if not w.core.watched():
         w.wakeup.set()  # counts down to its idle stop

@@ -73,6 +73,7 @@ def _reg() -> _Registry:
 class _Watcher:
     def __init__(self, ident: Any, cls: type, kwargs: Dict[str, Any]) -> None:
         self.ident = ident
+        self.pid = os.getpid()
         self.cls = cls
         self.kwargs = core.watcher_kwargs(kwargs)
         self.core = core.Watcher()
@@ -325,6 +326,8 @@ def unwatch(handle: Optional[Handle]) -> None:
     if handle is None:
         return
     w = handle._watcher
+    if w.pid != os.getpid():
+        return  # a forked child: the parent's watcher (its locks may be held) is not ours
     with w.mu:
         w.queue(w.core.remove(handle._reg))
 
