@@ -404,7 +404,9 @@ def test_renewals_via_call_are_the_only_server_load(face: Face, r: "redis.Redis[
     ttl_ms = 300
     acquire(r, key, ttl_ms)
     handle, n = watched(face, key)
-    time.sleep(0.05)  # the registration and its first re-read are done
+    w = handle._watcher
+    kit.wait_for(lambda: w.core.is_up() and not w.core.in_flight, what="registered and re-read once")
+    time.sleep(0.02)
     r.config_resetstat()
     renewals = 0
     end = time.monotonic() + 3.0
@@ -428,7 +430,9 @@ def test_renewals_over_the_users_connection_would_wake_the_watcher(face: Face, r
     key = "renewed-elsewhere"
     acquire(r, key)
     handle, n = watched(face, key)
-    time.sleep(0.05)
+    w = handle._watcher
+    kit.wait_for(lambda: w.core.is_up() and not w.core.in_flight, what="registered and re-read once")
+    time.sleep(0.02)
     r.config_resetstat()
     for _ in range(5):
         r.execute_command("LOCK.EXTEND", key, OWNER, 30000)

@@ -36,6 +36,7 @@ Rules (as the Rust client's):
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -43,6 +44,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._common import dedicated_kwargs, parse_info, to_bytes
+
+logger = logging.getLogger(__name__)
 
 #: The channel a RESP2 redirect target receives invalidations on.
 INVALIDATE_CHANNEL = b"__redis__:invalidate"
@@ -201,6 +204,9 @@ class Handle:
         return f"<watch handle {self._reg!r}>"
 
 
+_NO_POOL_NOTED: Set[type] = set()
+
+
 def server_of(client: Any) -> Optional[Tuple[Any, type, Dict[str, Any]]]:
     """The key of the client's server, its connection class and arguments; None for clients
     without one connection pool (a cluster)."""
@@ -208,6 +214,13 @@ def server_of(client: Any) -> Optional[Tuple[Any, type, Dict[str, Any]]]:
     cls = getattr(pool, "connection_class", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if pool is None or cls is None or not isinstance(kwargs, dict):
+        if type(client) not in _NO_POOL_NOTED:
+            _NO_POOL_NOTED.add(type(client))
+            logger.info(
+                "redis-lock: no loss watcher for %s clients (no single connection pool): a lost "
+                "lock is noticed at its next renewal",
+                type(client).__name__,
+            )
         return None
     return server_ident(cls, kwargs, pool), cls, dict(kwargs)
 
