@@ -176,16 +176,17 @@ class _Watcher:
                 self.wakeup.set()
         except (RedisError, OSError) as e:
             logger.debug("redis-lock watcher: push connection to %s lost: %s", self.ident[1:3], e)
-            self._mark_broken()
+        except Exception:  # noqa: BLE001 - logged; the connections are set up again
+            logger.exception("redis-lock watcher: reading the push connection to %s", self.ident[1:3])
+        self._mark_broken()
 
     async def _close(self) -> None:
         reader, self.reader = self.reader, None
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
-            try:
-                await reader
-            except asyncio.CancelledError:
-                pass
+            # Waits for it without taking its cancellation for ours (a cancellation of this
+            # task still comes through).
+            await asyncio.wait([reader])
         cmd, self.cmd = self.cmd, None
         push, self.push = self.push, None
         for c in (cmd, push):
@@ -230,6 +231,8 @@ class _Watcher:
 
 
 async def _report(reg: core.Registration, reason: str) -> None:
+    if reg.cancelled:
+        return
     try:
         result = reg.on_loss(reason)
         if inspect.isawaitable(result):
@@ -262,15 +265,25 @@ def watch(client: Any, name: Any, owner: bytes, on_loss: Callable[[str], Any]) -
 
 
 def unwatch(handle: Optional[Handle]) -> None:
-    """Ends a ``watch`` (no callback after this returns, unless one is running now)."""
+    """Ends a ``watch`` (no callback after this returns, unless one is running now). From
+    another thread than the watcher's loop, the registration ends soon after (in the loop)."""
     if handle is None:
         return
     w = handle._watcher
     if w.pid != os.getpid():
-        return  # a forked child: the parent's watcher (its locks may be held) is not ours
-    w.queue(w.core.remove(handle._reg))
-    if not w.core.watched():
-        w.wakeup.set()  # counts down to its idle stop
+        return  # a forked child: the parent's watcher is not ours
+    handle._reg.cancelled = True  # no callback from now on
+    try:
+        running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is w.loop:
+        w.queue(w.core.cancel(handle._reg))
+    elif not w.loop.is_closed():
+        try:
+            w.loop.call_soon_threadsafe(lambda: w.queue(w.core.cancel(handle._reg)))
+        except RuntimeError:
+            pass  # the loop closed meanwhile: its watcher is gone with it
 
 
 async def call(client: Any, args: List[Any], timeout: Optional[float]) -> Any:

@@ -227,9 +227,9 @@ def server_of(client: Any) -> Optional[Tuple[Any, type, Dict[str, Any]]]:
 
 class Registration:
     """One ``watch``: a key, an owner, the callback; ``first``: the number of the first
-    re-read that may judge it; ``done``: lost (reported) or unwatched."""
+    re-read that may judge it; ``done``: found lost or unwatched; ``cancelled``: unwatched."""
 
-    __slots__ = ("key", "owner", "on_loss", "first", "done")
+    __slots__ = ("key", "owner", "on_loss", "first", "done", "cancelled")
 
     def __init__(self, key: bytes, owner: bytes, on_loss: Callable[[str], Any]) -> None:
         self.key = key
@@ -237,6 +237,7 @@ class Registration:
         self.on_loss = on_loss
         self.first = 0
         self.done = False
+        self.cancelled = False  # unwatched: no callback from now on
 
     def __repr__(self) -> str:
         return f"<watch registration {self.key!r} owner={self.owner!r}{' done' if self.done else ''}>"
@@ -315,6 +316,11 @@ class Watcher:
         plan = Plan(commands=self._cover(reg.key))
         plan.extend(self._read_now_or_due(reg.key, time.monotonic()))
         return plan
+
+    def cancel(self, reg: Registration) -> Plan:
+        """``unwatch``: no callback from now on (also one found lost but not yet reported)."""
+        reg.cancelled = True
+        return self.remove(reg)
 
     def remove(self, reg: Registration) -> Plan:
         reg.done = True

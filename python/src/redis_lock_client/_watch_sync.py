@@ -285,6 +285,8 @@ class _Watcher:
 
 
 def _report(reg: core.Registration, reason: str) -> None:
+    if reg.cancelled:
+        return
     try:
         reg.on_loss(reason)
     except Exception:  # noqa: BLE001 - a callback's failure must not end the watcher
@@ -329,7 +331,7 @@ def unwatch(handle: Optional[Handle]) -> None:
     if w.pid != os.getpid():
         return  # a forked child: the parent's watcher (its locks may be held) is not ours
     with w.mu:
-        w.queue(w.core.remove(handle._reg))
+        w.queue(w.core.cancel(handle._reg))
 
 
 def call(client: Any, args: List[Any], timeout: Optional[float]) -> Any:
