@@ -487,6 +487,48 @@ def test_unwatched_is_not_called(face: Face, r: "redis.Redis[bytes]") -> None:
     assert not n.event.is_set()
 
 
+def test_asyncio_unwatch_from_another_thread(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    f = AioFace(server.port)
+    try:
+        acquire(r, "cross")
+        h, n = watched(f, "cross")
+        wa.unwatch(h)  # from the test's thread, not the loop's
+        r.delete("cross")
+        time.sleep(0.2)
+        assert not n.event.is_set()
+    finally:
+        f.close()
+
+
+ASYNC_EXIT = r"""
+import asyncio, sys, redis.asyncio as aredis
+from redis_lock_client import _watch_aio as wa
+async def main():
+    r = aredis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+    await r.execute_command("LOCK.ACQUIRE", "exit", "me", 30000)
+    h = wa.watch(r, "exit", b"me", print)
+    assert h is not None
+    for _ in range(200):
+        if h._watcher.core.is_up():
+            break
+        await asyncio.sleep(0.01)
+    await (r.aclose() if hasattr(r, "aclose") else r.close())
+asyncio.run(main())  # the watcher's task is still running here
+print("done", flush=True)
+"""
+
+
+def test_asyncio_run_ends_with_a_watch_running(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """``asyncio.run`` cancels the watcher's task at its end: no hang, nothing left open, no
+    warning."""
+    out = subprocess.run(
+        [sys.executable, "-W", "error::ResourceWarning", "-c", ASYNC_EXIT, str(server.port)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "done", out
+    assert "Warning" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_many_threads_each_told_of_their_own_loss(server: kit.Server, r: "redis.Redis[bytes]") -> None:
     f = SyncFace(server.port)
     results: List[Tuple[str, Noticed]] = []
