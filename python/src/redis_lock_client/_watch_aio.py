@@ -1,34 +1,302 @@
-"""The asyncio face of the loss watcher (interface stub; the implementation is being built).
+"""The asyncio face of the loss watcher (the decisions are in ``_watch_core.py``).
 
 ``watch`` registers a held lock so that its loss on the server (DEL, expiry, eviction,
 failover, bound connection killed) is noticed within milliseconds; ``on_loss(reason)`` is
-called once, from the watcher's task (a coroutine function's result is awaited), with a short reason ("deleted", "expired", ...).
-``call`` runs one command over the watcher's own connection to the server, so that the
-watchdog's renewals do not wake the watcher (the server does not tell a tracking client about
-its own writes). Both return None / raise ``Unavailable`` when there is no watcher for this
-client (a cluster, a server that refuses tracking): callers carry on without it.
+called once, from the watcher's task (a coroutine function's result is awaited), with a short
+reason ("deleted", "expired", "taken", "overwritten"). ``call`` runs one command over the
+watcher's own connection to the server, so that the watchdog's renewals do not wake the watcher
+(the server does not tell a tracking client about its own writes). Both return None / raise
+``Unavailable`` when there is no watcher for this client (a cluster, a server that refuses
+tracking or the invalidation channel, no running event loop): callers carry on without it.
+
+One watcher per server and event loop: a task with two connections of its own (not taken from
+the user's pool; made from the pool's connection arguments, so TLS, auth, db and username are
+the user's): a RESP2 connection subscribed to ``__redis__:invalidate`` (read by a second task)
+and a command connection with ``CLIENT TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at
+the first ``watch`` and ends once nothing was watched for ``IDLE_STOP`` seconds, or with its
+loop. ``watch`` cannot wait for the first connection (it is not a coroutine): a server found
+to refuse tracking afterwards leaves that first handle inert (logged once), and later
+``watch`` calls return None.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+import asyncio
+import inspect
+import logging
+import os
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
+
+from . import _watch_core as core
+from ._common import to_bytes
+
+logger = logging.getLogger(__name__)
 
 
-class Unavailable(Exception):
-    """No watcher for this client: use the client's own connections."""
+#: The same classes for both faces (an ``except Unavailable`` of either catches both).
+Unavailable = core.Unavailable
+Handle = core.Handle
+_server_of = core.server_of
 
 
-class Handle:
-    """A registration; pass it to ``unwatch``."""
+#: Per event loop: its watchers by server. Servers found to refuse tracking (per process).
+_loops: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Dict[Any, _Watcher]]" = weakref.WeakKeyDictionary()
+_refused: Set[Any] = set()
+_pid = os.getpid()
 
 
-def watch(client: Any, name: Any, owner: bytes, on_loss: Callable[[str], None]) -> Optional[Handle]:
-    return None
+def _watchers(loop: asyncio.AbstractEventLoop) -> Dict[Any, "_Watcher"]:
+    global _loops, _refused, _pid
+    if _pid != os.getpid():  # a forked child: the parent's watchers are not ours
+        _loops, _refused, _pid = weakref.WeakKeyDictionary(), set(), os.getpid()
+    return _loops.setdefault(loop, {})
+
+
+class _Watcher:
+    def __init__(self, ident: Any, cls: type, kwargs: Dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.ident = ident
+        self.pid = os.getpid()
+        self.cls = cls
+        self.kwargs = core.watcher_kwargs(kwargs)
+        self.loop = loop
+        self.core = core.Watcher()
+        self.io = asyncio.Lock()
+        self.cmd: Any = None
+        self.push: Any = None
+        self.messages: List[Any] = []
+        self.broken = False
+        self.wakeup = asyncio.Event()
+        self.reader: Optional["asyncio.Task[None]"] = None
+        self.task: "asyncio.Task[None]" = loop.create_task(self._run())
+
+    def queue(self, plan: core.Plan) -> None:
+        if self.core.queue(plan):
+            self.wakeup.set()
+
+    def _mark_broken(self) -> None:
+        self.broken = True
+        self.wakeup.set()
+
+    async def call(self, args: List[Any], timeout: Optional[float]) -> Any:
+        async with self.io:
+            if self.cmd is None or self.broken or not self.core.is_up():
+                raise Unavailable()
+            conn = self.cmd
+            try:
+                await conn.send_command(*args)
+                try:
+                    return await asyncio.wait_for(conn.read_response(), timeout)
+                except asyncio.TimeoutError:
+                    raise TimeoutError(f"no reply from the watcher's connection within {timeout} s") from None
+            except (ConnectionError, TimeoutError, OSError):
+                self._mark_broken()
+                raise
+
+    # -- the task -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # noqa: BLE001 - logged, never silent; the watcher is dropped
+            logger.exception("redis-lock loss watcher for %s ended by an error", self.ident[1:3])
+        finally:
+            watchers = _watchers(self.loop)
+            if watchers.get(self.ident) is self:
+                del watchers[self.ident]
+            await self._close()
+
+    async def _loop(self) -> None:
+        while True:
+            if core.should_stop(self.core, time.monotonic()):
+                if self.core.refused is not None:
+                    _refused.add(self.ident)
+                    logger.warning(
+                        "redis-lock: the server at %s refuses client tracking (%s): a lost lock "
+                        "is noticed at its next renewal only",
+                        self.ident[1:3],
+                        self.core.refused,
+                    )
+                return
+            if self.push is None or self.broken:
+                await self._close()
+                try:
+                    await self._connect()
+                except (RedisError, OSError) as e:
+                    if isinstance(e, ResponseError):
+                        self.core.refused = str(e)
+                    delay = self.core.disconnected()
+                    await self._close()
+                    logger.debug("redis-lock watcher: cannot connect to %s: %s", self.ident[1:3], e)
+                    await self._sleep(delay)
+                    continue
+            await self._sleep(core.wait_timeout(self.core, time.monotonic()))
+            messages, self.messages = self.messages, []
+            plan = self.core.step(messages, time.monotonic())
+            if plan:
+                await self._execute(plan)
+            else:
+                self._check_alive()
+
+    async def _sleep(self, timeout: float) -> None:
+        if not self.wakeup.is_set():
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        self.wakeup.clear()
+
+    async def _connect(self) -> None:
+        push = self.cls(**dict(self.kwargs, socket_timeout=None))
+        self.push = push
+        await push.connect()
+        await push.send_command("CLIENT", "ID")
+        cid = int(await asyncio.wait_for(push.read_response(), core.IO_TIMEOUT))
+        await push.send_command("SUBSCRIBE", core.INVALIDATE_CHANNEL)
+        core.check_subscribed(await asyncio.wait_for(push.read_response(), core.IO_TIMEOUT))
+        cmd = self.cls(**self.kwargs)
+        await cmd.connect()
+        async with self.io:
+            self.cmd = cmd
+            self.broken = False
+        plan = self.core.connected(cid)
+        self.reader = self.loop.create_task(self._read_pushes(push))
+        await self._execute(plan)
+
+    async def _read_pushes(self, push: Any) -> None:
+        try:
+            while True:
+                message = await push.read_response()  # before looking up self.messages
+                self.messages.append(message)
+                self.wakeup.set()
+        except (RedisError, OSError) as e:
+            logger.debug("redis-lock watcher: push connection to %s lost: %s", self.ident[1:3], e)
+        except Exception:  # noqa: BLE001 - logged; the connections are set up again
+            logger.exception("redis-lock watcher: reading the push connection to %s", self.ident[1:3])
+        self._mark_broken()
+
+    async def _close(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+            # Waits for it without taking its cancellation for ours (a cancellation of this
+            # task still comes through).
+            await asyncio.wait([reader])
+        cmd, self.cmd = self.cmd, None
+        push, self.push = self.push, None
+        for c in (cmd, push):
+            if c is not None:
+                try:
+                    await c.disconnect()
+                except (RedisError, OSError) as e:
+                    logger.debug("redis-lock watcher: closing a connection: %s", e)
+
+    def _check_alive(self) -> None:
+        """An idle command connection closed by the server (a kill, a restart) is noticed from
+        its stream reader's end-of-file, without reading or sending anything."""
+        reader = getattr(self.cmd, "_reader", None)
+        if not self.io.locked() and reader is not None and reader.at_eof():
+            logger.debug("redis-lock watcher: command connection to %s closed by the server", self.ident[1:3])
+            self.broken = True
+
+    async def _execute(self, plan: core.Plan) -> None:
+        requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
+        replies: List[Tuple[Any, Optional[BaseException]]] = []
+        failed = False
+        async with self.io:
+            conn = self.cmd
+            if conn is None:
+                failed = True
+            else:
+                try:
+                    await conn.send_packed_command(conn.pack_commands(requests))
+                    for _ in requests:
+                        try:
+                            replies.append((await conn.read_response(), None))
+                        except ResponseError as e:
+                            replies.append((None, e))
+                except (ConnectionError, TimeoutError, OSError) as e:
+                    logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
+                    failed = True
+        reconnect, lost = self.core.answered(plan, replies, failed)
+        if reconnect:
+            self.broken = True
+        for reg, reason in lost:
+            await _report(reg, reason)
+
+
+async def _report(reg: core.Registration, reason: str) -> None:
+    if reg.cancelled:
+        return
+    try:
+        result = reg.on_loss(reason)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:  # noqa: BLE001 - a callback's failure must not end the watcher
+        logger.exception("redis-lock: the on_loss callback for %r raised", reg.key)
+
+
+def watch(client: Any, name: Any, owner: bytes, on_loss: Callable[[str], Any]) -> Optional[Handle]:
+    """Watches a lock ``client`` holds on ``name`` for ``owner``: ``on_loss(reason)`` is
+    called once, from the watcher's task in the running loop, when the server no longer has
+    ``owner`` holding it. None when there is no watcher for this client or no running loop."""
+    server = _server_of(client)
+    if server is None:
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    ident, cls, kwargs = server
+    watchers = _watchers(loop)
+    if ident in _refused:
+        return None
+    w = watchers.get(ident)
+    if w is None or w.task.done():
+        w = watchers[ident] = _Watcher(ident, cls, kwargs, loop)
+    reg = core.Registration(to_bytes(name), to_bytes(owner), on_loss)
+    w.queue(w.core.add(reg))
+    return Handle(w, reg)
 
 
 def unwatch(handle: Optional[Handle]) -> None:
-    return None
+    """Ends a ``watch`` (no callback after this returns, unless one is running now). From
+    another thread than the watcher's loop, the registration ends soon after (in the loop)."""
+    if handle is None:
+        return
+    w = handle._watcher
+    if w.pid != os.getpid():
+        return  # a forked child: the parent's watcher is not ours
+    handle._reg.cancelled = True  # no callback from now on
+    try:
+        running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is w.loop:
+        w.queue(w.core.cancel(handle._reg))
+    elif not w.loop.is_closed():
+        try:
+            w.loop.call_soon_threadsafe(lambda: w.queue(w.core.cancel(handle._reg)))
+        except RuntimeError:
+            pass  # the loop closed meanwhile: its watcher is gone with it
 
 
 async def call(client: Any, args: List[Any], timeout: Optional[float]) -> Any:
-    raise Unavailable()
+    """Runs one command over the watcher's command connection to ``client``'s server in this
+    loop and returns its reply as redis-py's ``read_response`` does (RESP2, bytes, not decoded;
+    an error reply raised as ``ResponseError``). Raises ``Unavailable`` when there is no
+    watcher for this client or it is not connected now; a connection failure or no reply
+    within ``timeout`` seconds raises redis-py's ``ConnectionError`` / ``TimeoutError`` (the
+    command may have run)."""
+    server = _server_of(client)
+    if server is None:
+        raise Unavailable()
+    w = _watchers(asyncio.get_running_loop()).get(server[0])
+    if w is None:
+        raise Unavailable()
+    return await w.call(args, timeout)

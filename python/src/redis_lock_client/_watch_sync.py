@@ -1,34 +1,353 @@
-"""The sync face of the loss watcher (interface stub; the implementation is being built).
+"""The sync face of the loss watcher (the decisions are in ``_watch_core.py``).
 
 ``watch`` registers a held lock so that its loss on the server (DEL, expiry, eviction,
 failover, bound connection killed) is noticed within milliseconds; ``on_loss(reason)`` is
-called once, from the watcher's thread, with a short reason ("deleted", "expired", ...).
-``call`` runs one command over the watcher's own connection to the server, so that the
-watchdog's renewals do not wake the watcher (the server does not tell a tracking client about
-its own writes). Both return None / raise ``Unavailable`` when there is no watcher for this
-client (a cluster, a server that refuses tracking): callers carry on without it.
+called once, from the watcher's thread, with a short reason ("deleted", "expired", "taken",
+"overwritten"). ``call`` runs one command over the watcher's own connection to the server, so
+that the watchdog's renewals do not wake the watcher (the server does not tell a tracking
+client about its own writes). Both return None / raise ``Unavailable`` when there is no watcher
+for this client (a cluster, a server that refuses tracking or the invalidation channel):
+callers carry on without it.
+
+One watcher per server and process: a daemon thread with two connections of its own (not taken
+from the user's pool; made from the pool's connection arguments, so TLS, auth, db and username
+are the user's): a RESP2 connection subscribed to ``__redis__:invalidate`` and a command
+connection with ``CLIENT TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at the first
+``watch`` and ends once nothing was watched for ``IDLE_STOP`` seconds. A forked child starts
+its own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+import logging
+import os
+import select
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
+
+from . import _watch_core as core
+from ._common import to_bytes
+
+logger = logging.getLogger(__name__)
+
+#: How long the first ``watch`` for a server waits for the watcher's first connection, so that
+#: a server refusing tracking makes ``watch`` return None rather than an inert handle.
+FIRST_CONNECT_WAIT = 2.0
 
 
-class Unavailable(Exception):
-    """No watcher for this client: use the client's own connections."""
+#: The same classes for both faces (an ``except Unavailable`` of either catches both).
+Unavailable = core.Unavailable
+Handle = core.Handle
+_server_of = core.server_of
 
 
-class Handle:
-    """A registration; pass it to ``unwatch``."""
+class _Registry:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.watchers: Dict[Any, "_Watcher"] = {}
+        self.refused: Set[Any] = set()
+        self.pid = os.getpid()
+
+
+_registry = _Registry()
+
+
+def _after_fork() -> None:
+    global _registry
+    _registry = _Registry()  # the parent's watchers (threads, sockets) are not ours
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _reg() -> _Registry:
+    if _registry.pid != os.getpid():
+        _after_fork()
+    return _registry
+
+
+class _Watcher:
+    def __init__(self, ident: Any, cls: type, kwargs: Dict[str, Any]) -> None:
+        self.ident = ident
+        self.pid = os.getpid()
+        self.cls = cls
+        self.kwargs = core.watcher_kwargs(kwargs)
+        self.core = core.Watcher()
+        self.mu = threading.Lock()  # the core, the queued plans
+        self.io = threading.Lock()  # the command connection
+        self.cmd: Any = None
+        self.push: Any = None
+        self.broken = False
+        self.first_attempt = threading.Event()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        self.pipe_lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=f"redis-lock-watch {ident[1:3]}", daemon=True)
+
+    # -- called from other threads ------------------------------------------------------------
+
+    def wake(self) -> None:
+        with self.pipe_lock:  # never a write to a closed (maybe reused) descriptor
+            if self.wake_w < 0:
+                return  # the thread ended
+            try:
+                os.write(self.wake_w, b"x")
+            except BlockingIOError:
+                pass  # already awake
+
+    def queue(self, plan: core.Plan) -> None:
+        if self.core.queue(plan):
+            self.wake()
+
+    def call(self, args: List[Any], timeout: Optional[float]) -> Any:
+        with self.io:
+            if self.cmd is None or self.broken or not self.core.is_up():
+                raise Unavailable()
+            conn = self.cmd
+            try:
+                conn.send_command(*args)
+                if not conn.can_read(timeout):
+                    raise TimeoutError(f"no reply from the watcher's connection within {timeout} s")
+                return conn.read_response()
+            except (ConnectionError, TimeoutError, OSError):
+                self._mark_broken()
+                raise
+
+    def _mark_broken(self) -> None:
+        self.broken = True
+        self.wake()
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # noqa: BLE001 - logged, never silent; the watcher is dropped
+            logger.exception("redis-lock loss watcher for %s ended by an error", self.ident[1:3])
+        finally:
+            self._close()
+            with _reg().lock:
+                if _reg().watchers.get(self.ident) is self:
+                    del _reg().watchers[self.ident]
+            with self.pipe_lock:
+                os.close(self.wake_r)
+                os.close(self.wake_w)
+                self.wake_w = -1
+            self.first_attempt.set()
+
+    def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            reg = _reg()
+            with reg.lock, self.mu:
+                if core.should_stop(self.core, now):
+                    if self.core.refused is not None:
+                        reg.refused.add(self.ident)
+                        logger.warning(
+                            "redis-lock: the server at %s refuses client tracking (%s): a lost lock "
+                            "is noticed at its next renewal only",
+                            self.ident[1:3],
+                            self.core.refused,
+                        )
+                    if reg.watchers.get(self.ident) is self:
+                        del reg.watchers[self.ident]
+                    return
+            if self.push is None or self.broken:
+                self._close()
+                try:
+                    self._connect()
+                except (RedisError, OSError) as e:
+                    refused = isinstance(e, ResponseError)
+                    with self.mu:
+                        if refused:
+                            self.core.refused = str(e)
+                        delay = self.core.disconnected()
+                    self._close()
+                    self.first_attempt.set()
+                    logger.debug("redis-lock watcher: cannot connect to %s: %s", self.ident[1:3], e)
+                    if not refused:
+                        self._sleep(delay)
+                    continue
+                self.first_attempt.set()
+            with self.mu:
+                timeout = core.wait_timeout(self.core, time.monotonic())
+            messages = self._wait(timeout)
+            with self.mu:
+                plan = self.core.step(messages, time.monotonic())
+            if plan:
+                self._execute(plan)
+            else:
+                self._check_alive()
+
+    def _sleep(self, delay: float) -> None:
+        select.select([self.wake_r], [], [], delay)
+        self._drain_wake()
+
+    def _drain_wake(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+
+    def _connect(self) -> None:
+        push = self.cls(**self.kwargs)
+        self.push = push
+        push.connect()
+        push.send_command("CLIENT", "ID")
+        cid = int(push.read_response())
+        push.send_command("SUBSCRIBE", core.INVALIDATE_CHANNEL)
+        confirmation = push.read_response()
+        core.check_subscribed(confirmation)
+        cmd = self.cls(**self.kwargs)
+        cmd.connect()
+        with self.io:
+            self.cmd = cmd
+            self.broken = False
+        with self.mu:
+            plan = self.core.connected(cid)
+        self._execute(plan)
+
+    def _close(self) -> None:
+        with self.io:
+            cmd, self.cmd = self.cmd, None
+        push, self.push = self.push, None
+        for c in (cmd, push):
+            if c is not None:
+                try:
+                    c.disconnect()
+                except (RedisError, OSError) as e:
+                    logger.debug("redis-lock watcher: closing a connection: %s", e)
+
+    def _wait(self, timeout: float) -> List[Any]:
+        """Waits up to ``timeout`` for invalidations (or a wake-up); returns those read."""
+        push = self.push
+        out: List[Any] = []
+        try:
+            if not push.can_read(0):
+                sock = getattr(push, "_sock", None)
+                if sock is None:
+                    raise ConnectionError("the watcher's push connection is closed")
+                select.select([sock, self.wake_r], [], [], timeout)
+                self._drain_wake()
+            while push.can_read(0):
+                out.append(push.read_response())
+        except (RedisError, OSError) as e:
+            logger.debug("redis-lock watcher: push connection to %s lost: %s", self.ident[1:3], e)
+            self._mark_broken()
+        return out
+
+    def _check_alive(self) -> None:
+        """An idle command connection closed by the server (a kill, a restart) is noticed by
+        polling its socket, without sending anything."""
+        if not self.io.acquire(blocking=False):
+            return
+        try:
+            if self.cmd is not None and self.cmd.can_read(0):
+                raise ConnectionError("unexpected data on the watcher's command connection")
+        except (RedisError, OSError) as e:
+            logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
+            self.broken = True
+        finally:
+            self.io.release()
+
+    def _execute(self, plan: core.Plan) -> None:
+        """Sends the plan's commands and re-reads as one pipeline, hands the replies to the
+        core, then calls the callbacks of the locks found lost."""
+        requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
+        replies: List[Tuple[Any, Optional[BaseException]]] = []
+        failed = False
+        with self.io:
+            conn = self.cmd
+            if conn is None:
+                failed = True
+            else:
+                try:
+                    conn.send_packed_command(conn.pack_commands(requests))
+                    for _ in requests:
+                        try:
+                            replies.append((conn.read_response(), None))
+                        except ResponseError as e:
+                            replies.append((None, e))
+                except (ConnectionError, TimeoutError, OSError) as e:
+                    logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
+                    failed = True
+        with self.mu:
+            reconnect, lost = self.core.answered(plan, replies, failed)
+        if reconnect:
+            self.broken = True
+        for reg, reason in lost:
+            _report(reg, reason)
+
+
+def _report(reg: core.Registration, reason: str) -> None:
+    if reg.cancelled:
+        return
+    try:
+        reg.on_loss(reason)
+    except Exception:  # noqa: BLE001 - a callback's failure must not end the watcher
+        logger.exception("redis-lock: the on_loss callback for %r raised", reg.key)
 
 
 def watch(client: Any, name: Any, owner: bytes, on_loss: Callable[[str], None]) -> Optional[Handle]:
-    return None
+    """Watches a lock ``client`` holds on ``name`` for ``owner``: ``on_loss(reason)`` is
+    called once, from the watcher's thread, when the server no longer has ``owner`` holding it.
+    None when there is no watcher for this client (nothing is called then)."""
+    server = _server_of(client)
+    if server is None:
+        return None
+    ident, cls, kwargs = server
+    reg_ = _reg()
+    reg = core.Registration(to_bytes(name), to_bytes(owner), on_loss)
+    with reg_.lock:
+        if ident in reg_.refused:
+            return None
+        w = reg_.watchers.get(ident)
+        started = w is None
+        if w is None:
+            w = _Watcher(ident, cls, kwargs)
+            reg_.watchers[ident] = w
+        with w.mu:
+            w.queue(w.core.add(reg))
+        if started:
+            w.thread.start()
+    w.first_attempt.wait(FIRST_CONNECT_WAIT)
+    if ident in reg_.refused or w.core.refused is not None:
+        with w.mu:
+            w.core.remove(reg)
+        return None
+    return Handle(w, reg)
 
 
 def unwatch(handle: Optional[Handle]) -> None:
-    return None
+    """Ends a ``watch`` (no callback after this returns, unless one is running now)."""
+    if handle is None:
+        return
+    w = handle._watcher
+    if w.pid != os.getpid():
+        return  # a forked child: the parent's watcher (its locks may be held) is not ours
+    with w.mu:
+        w.queue(w.core.cancel(handle._reg))
 
 
 def call(client: Any, args: List[Any], timeout: Optional[float]) -> Any:
-    raise Unavailable()
+    """Runs one command over the watcher's command connection to ``client``'s server and
+    returns its reply as redis-py's ``Connection.read_response`` does (RESP2, bytes, not
+    decoded; an error reply raised as ``ResponseError``). Raises ``Unavailable`` when there is
+    no watcher for this client or it is not connected now; a connection failure or no reply
+    within ``timeout`` seconds raises redis-py's ``ConnectionError`` / ``TimeoutError`` (the
+    command may have run)."""
+    server = _server_of(client)
+    if server is None:
+        raise Unavailable()
+    reg_ = _reg()
+    with reg_.lock:
+        w = reg_.watchers.get(server[0])
+    if w is None:
+        raise Unavailable()
+    return w.call(args, timeout)
+
