@@ -651,14 +651,18 @@ class LockBase:
         hold = _RELEASING.get()
         return hold if hold is not None and hold.owner == encode_token(expected_token) else None
 
-    def _exit_failure(self, err: LockError, body_error: Optional[BaseException]) -> None:
-        """``__exit__``'s release failed with ``err``. When the body raised, that exception
-        goes on (``LockLostError`` from ``check()`` with its ``reason``), the release's is
-        logged; otherwise as redis-py: raised with ``raise_on_release_error``, else logged."""
+    def _exit_failure(self, err: Exception, body_error: Optional[BaseException]) -> None:
+        """``__exit__``'s release failed with ``err``. When the block raised, its exception
+        goes on (a ``LockLostError`` from ``check()`` keeps its ``reason``) and the release's
+        failure is logged; otherwise as redis-py: a ``LockError`` is raised with
+        ``raise_on_release_error`` (else logged), any other error is raised."""
         if body_error is not None:
-            logger.warning("release of lock %r on leaving the block failed (the block raised %r): %s", self.name, body_error, err)
+            logger.warning(
+                "lock %r: the release on leaving the block failed (%s: %s); the block's %s goes on",
+                self.name, type(err).__name__, err, type(body_error).__name__,
+            )
             return
-        if self.raise_on_release_error:
+        if self.raise_on_release_error or not isinstance(err, LockError):
             raise err
         logger.warning("Lock was unlocked or no longer owned when exiting context manager.")
 

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, Hashable, List, Literal, Optional, Tuple, Type, Union
 
 import redis.asyncio.lock
-from redis.exceptions import ConnectionError, LockError, TimeoutError
+from redis.exceptions import ConnectionError, TimeoutError
 
 from . import _core as core
 from . import _watch_aio
@@ -269,7 +269,7 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
     ) -> None:
         try:
             await self.release()
-        except LockError as e:
+        except Exception as e:  # noqa: BLE001 - decided in _exit_failure
             self._exit_failure(e, exc_value)
 
     async def acquire(

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, Literal, Optional, Type, Union
 
 import redis.lock
-from redis.exceptions import LockError
+
 
 from . import _connections as conns
 from . import _core as core
@@ -122,7 +122,7 @@ class Lock(core.LockBase, redis.lock.Lock):
     ) -> None:
         try:
             self.release()
-        except LockError as e:
+        except Exception as e:  # noqa: BLE001 - decided in _exit_failure
             self._exit_failure(e, exc_value)
 
     def acquire(
