@@ -230,10 +230,12 @@ def test_lock_lost_error_survives_async_with(server: kit.Server) -> None:
 
 def test_semaphore_acquired_twice_in_one_thread(r: "redis.Redis[bytes]") -> None:
     sem = Semaphore(r, "s", 3, timeout=30)
-    assert sem.acquire() and sem.acquire()
-    first, second = holders(r, "s")
-    assert first != second  # a permit each, under its own token
-    assert sem.local.token == second  # the caller's most recent permit
+    assert sem.acquire()
+    first = sem.local.token
+    assert sem.acquire()
+    second = sem.local.token  # the caller's most recent permit
+    assert first is not None and second is not None and first != second  # a permit each
+    assert sorted(holders(r, "s")) == sorted([first, second])
     sem.release()
     assert holders(r, "s") == [first]
     sem.release()

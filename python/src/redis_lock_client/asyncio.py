@@ -251,7 +251,7 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
     of it, with its hooks); see the sync ``redis_lock_client.Lock`` for the differences and
     extras. Cancelling a task while it waits leaves no grant behind."""
 
-    _is_closed = staticmethod(_is_closed)
+    _is_closed = staticmethod(conns.is_closed)
 
     async def _perform(self, e: Any) -> Any:
         return await _perform(self.redis, e)
