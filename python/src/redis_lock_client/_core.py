@@ -629,6 +629,18 @@ class LockBase:
             self._store.put(encode_token(owner), pending.hold)
         return bool(granted)
 
+    def _unrecorded_steps(self, owner: bytes, pending: Pending) -> Steps:
+        """An acquire interrupted after its hook got a grant but before the grant was recorded
+        (KeyboardInterrupt can land anywhere): give it back, quietly."""
+        hold = pending.hold
+        if hold is None or self._store.current()[1] is hold:
+            return None
+        try:
+            yield from self._release_steps(owner, hold)
+        except Exception:  # noqa: BLE001 - best effort; the interruption is what goes on
+            pass
+        return None
+
     def _granted(self, hold: Optional[Hold]) -> bool:
         pending_now().hold = hold
         return hold is not None

@@ -281,7 +281,11 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
         """As the sync ``acquire`` (redis-py's asyncio Lock has no ``sleep`` argument here)."""
         owner, pending = self._acquire_args(blocking, blocking_timeout, token)
         with core.passing(core._PENDING, pending):
-            return self._acquired(owner, pending, await self.do_acquire(owner))
+            try:
+                return self._acquired(owner, pending, await self.do_acquire(owner))
+            except BaseException:
+                await drive_async(self._unrecorded_steps(owner, pending), self._perform)
+                raise
 
     async def do_acquire(self, token: Union[str, bytes]) -> bool:
         steps = self._acquire_steps(encode_token(token), core.pending_now())

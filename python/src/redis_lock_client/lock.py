@@ -138,7 +138,11 @@ class Lock(core.LockBase, redis.lock.Lock):
         fresh one). ``sleep`` is ignored: nothing polls."""
         owner, pending = self._acquire_args(blocking, blocking_timeout, token)
         with core.passing(core._PENDING, pending):
-            return self._acquired(owner, pending, self.do_acquire(owner))
+            try:
+                return self._acquired(owner, pending, self.do_acquire(owner))
+            except BaseException:
+                drive(self._unrecorded_steps(owner, pending), self._perform)
+                raise
 
     def do_acquire(self, token: Union[str, bytes]) -> bool:
         return self._granted(drive(self._acquire_steps(encode_token(token), core.pending_now()), self._perform))
