@@ -36,7 +36,6 @@ from typing import (
     Hashable,
     Iterator,
     List,
-    Literal,
     Optional,
     Tuple,
     TypeVar,
@@ -1105,5 +1104,3 @@ class RWLockBase(Generic[R, W]):
     def __repr__(self) -> str:
         return f"<{type(self).__module__}.{type(self).__qualname__} name={self.name!r} reader={self.reader!r} writer={self.writer!r}>"
 
-
-Extended = Literal[True]

@@ -16,7 +16,7 @@ import redis.lock
 from . import _connections as conns
 from . import _core as core
 from . import _watch_sync
-from ._common import LockInfo, LockLostError, encode_token
+from ._common import LockInfo, encode_token
 from ._core import OnLost as OnLost, _Local as _Local, _Shared as _Shared  # noqa: F401 (re-exported)
 from ._drive import drive
 
