@@ -769,8 +769,9 @@ class LockBase:
                     yield from self._release_quietly(owner)
                 if is_trouble(e) and deadline is not None and time.monotonic() >= deadline - 0.05:
                     raise TimeoutError(
-                        f"lock {self.name!r}: no reply within blocking_timeout + {WAIT_READ_MARGIN} s "
-                        "(the server is paused, overloaded or unreachable); the request was withdrawn"
+                        f"lock {self.name!r}: no reply within {limit:g} s (blocking_timeout + "
+                        f"{WAIT_READ_MARGIN:g} s): the server is paused, overloaded or unreachable; "
+                        "the request was withdrawn"
                     ) from e
                 raise
             if fence is None:
