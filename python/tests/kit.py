@@ -247,3 +247,17 @@ def spawn_holder(code: str) -> "subprocess.Popen[str]":
         err = proc.stderr.read() if proc.stderr else ""
         raise AssertionError(f"holder process did not take its lock: {line!r} {err}")
     return proc
+
+
+def restart_keeping_port(s: Server) -> None:
+    """Stops ``s`` and starts it again on the same port, so that its clients reconnect to it
+    (``Server.restart`` may pick another port). Its data is gone (no persistence)."""
+    global free_port
+    port = s.port
+    s.stop()
+    saved = free_port
+    free_port = lambda: port  # noqa: E731 - start() asks free_port() for the port
+    try:
+        s.start()
+    finally:
+        free_port = saved

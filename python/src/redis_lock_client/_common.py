@@ -44,9 +44,10 @@ MAX_CAPACITY = (1 << 31) - 1
 #: The ttl of a hold taken with ``timeout=None``: bound to its connection, so it ends with
 #: the connection (a crash frees it at once) and otherwise lasts as long as the module allows.
 UNLIMITED_TTL_MS = MAX_MS
-#: Extra seconds a client waits for the reply of a ``WAIT n`` request beyond ``n``: the server
-#: answers at ``n`` itself, so this only bounds how long a dead or paused server can hold us.
-WAIT_READ_MARGIN = 2.0
+#: Extra seconds an acquire with ``blocking_timeout=n`` may take beyond ``n``, all its steps
+#: together (connecting, the handshake, the reply of ``WAIT n``): the server answers at ``n``
+#: itself, so this only bounds how long a dead or paused server can hold us.
+WAIT_READ_MARGIN = 1.0
 #: Safety margin kept off every single-server lease (the client's and the server's clocks run
 #: separately), as the Rust client does.
 SINGLE_SERVER_MARGIN = 0.002
