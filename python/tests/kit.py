@@ -261,3 +261,25 @@ def restart_keeping_port(s: Server) -> None:
         s.start()
     finally:
         free_port = saved
+
+
+def watcher_ids(admin: Any, name: str, count: int = 2, timeout: float = 10.0) -> "set[int]":
+    """The ids of the loss watcher's two connections to the server (made with the user's pool's
+    arguments, so named ``name`` too): its Pub/Sub connection (flag P) and its tracking command
+    connection (flag t), once both are set up."""
+
+    def found() -> "set[int]":
+        return {
+            int(c["id"])
+            for c in admin.client_list()
+            if c.get("name") == name and ("P" in str(c.get("flags", "")) or "t" in str(c.get("flags", "")))
+        }
+
+    wait_for(lambda: len(found()) >= count, timeout, what=f"the watcher's {count} connections named {name!r}")
+    return found()
+
+
+def pool_clients(admin: Any, name: str, exclude: Any = frozenset()) -> int:
+    """Connections the server sees with client name ``name`` (set by the pool's handshake),
+    leaving out the ids in ``exclude`` (the watcher's)."""
+    return sum(1 for c in admin.client_list() if c.get("name") == name and int(c["id"]) not in exclude)
