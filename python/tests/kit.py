@@ -263,20 +263,24 @@ def restart_keeping_port(s: Server) -> None:
         free_port = saved
 
 
-def watcher_ids(admin: Any, name: str, count: int = 2, timeout: float = 10.0) -> "set[int]":
-    """The ids of the loss watcher's two connections to the server (made with the user's pool's
-    arguments, so named ``name`` too): its Pub/Sub connection (flag P) and its tracking command
-    connection (flag t), once both are set up."""
+def watcher_ids(admin: Any, timeout: float = 10.0) -> "set[int]":
+    """The ids of the loss watchers' connections to the server (made with the user's pool's
+    arguments, so named as its connections, but not of the pool): Pub/Sub connections (flag
+    P) and tracking command connections (flag t). Call it while a lock is held (a watcher
+    runs); waits until at least one of each is set up."""
 
     def found() -> "set[int]":
-        return {
-            int(c["id"])
-            for c in admin.client_list()
-            if c.get("name") == name and ("P" in str(c.get("flags", "")) or "t" in str(c.get("flags", "")))
-        }
+        ids = set()
+        kinds = set()
+        for c in admin.client_list():
+            flags = str(c.get("flags", ""))
+            for kind in ("P", "t"):
+                if kind in flags:
+                    ids.add(int(c["id"]))
+                    kinds.add(kind)
+        return ids if kinds == {"P", "t"} else set()
 
-    wait_for(lambda: len(found()) >= count, timeout, what=f"the watcher's {count} connections named {name!r}")
-    return found()
+    return wait_for(found, timeout, what="the loss watcher's connections")  # type: ignore[no-any-return]
 
 
 def pool_clients(admin: Any, name: str, exclude: Any = frozenset()) -> int:

@@ -50,6 +50,7 @@ from ._connections import (
     reconnect_delays,
     remaining,
     server_name,
+    to_the_bottom,
     wait_cap,
     wait_limit_error,
 )
@@ -165,6 +166,9 @@ async def _release(pool: Any, conn: Any) -> None:
         result = pool.release(conn)
     if inspect.isawaitable(result):
         await result
+    idle = getattr(pool, "_available_connections", None)
+    if isinstance(idle, list) and not _is_connected(conn):
+        to_the_bottom(idle, conn)  # no await in between: nothing else runs meanwhile
 
 
 # ----------------------------------------------------------------------------------------------

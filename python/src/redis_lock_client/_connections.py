@@ -671,6 +671,27 @@ def _slot(pool: Any, deadline: Optional[float]) -> Any:
 
 def _release(pool: Any, conn: Any) -> None:
     pool.release(conn)
+    if _is_connected(conn):
+        return
+    idle = getattr(pool, "_available_connections", None)
+    if isinstance(idle, list):
+        with pool._lock:
+            to_the_bottom(idle, conn)
+        return
+    q = getattr(pool, "pool", None)  # BlockingConnectionPool: a LifoQueue
+    if isinstance(getattr(q, "queue", None), list) and hasattr(q, "mutex"):
+        with q.mutex:
+            to_the_bottom(q.queue, conn)
+
+
+def to_the_bottom(idle: List[Any], conn: Any) -> None:
+    """A connection given back disconnected goes to the bottom of the pool's stack of idle
+    connections (the pool hands out the top first): the pool's next commands then use its
+    connected ones, not this one, which it would connect again while the others stayed
+    connected too."""
+    if idle and idle[-1] is conn:
+        idle.pop()
+        idle.insert(0, conn)
 
 
 # ----------------------------------------------------------------------------------------------
