@@ -815,9 +815,19 @@ class LockBase:
                 # A waited grant starts its lease when the server grants, just before the reply.
                 valid_until = max(sent, time.monotonic() - WAITED_GRANT_MARGIN) + ttl - SINGLE_SERVER_MARGIN
             hold = Hold(owner, fence, ttl, valid_until, link if req.bind else None, type(self)._is_closed)
-            if not req.bind:
-                yield GiveBack(link)
-            yield from self._after_grant(hold)
+            try:
+                if not req.bind:
+                    yield GiveBack(link)  # asyncio: a cancellation may land here
+                yield from self._after_grant(hold)
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # Interrupted between the grant and its hand-over: no grant left behind.
+                try:
+                    yield from self._release_steps(owner, hold)
+                except Exception:  # noqa: BLE001 - best effort; the interruption goes on
+                    pass
+                raise
             return hold
 
     def _release_quietly(self, owner: bytes) -> Steps:
@@ -837,6 +847,12 @@ class LockBase:
         name, on_lost = self.name, self.on_lost
 
         def on_loss(reason: str) -> Any:
+            # The watcher sees the key; what ended the hold may be known better here: a bound
+            # hold whose connection closed (probe), or a lease that ran out (the server's
+            # expiry removes the key, which the watcher reads as a deletion).
+            hold.probe(name)
+            if reason == "deleted" and time.monotonic() >= hold.valid_until:
+                reason = "expired"
             err = LockLostError(f"the server ended the hold ({reason})", name, reason)
             hold.set_loss(err)
             if hold.claim_notice():
