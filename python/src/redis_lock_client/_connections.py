@@ -678,7 +678,7 @@ def _release(pool: Any, conn: Any) -> None:
         with pool._lock:
             to_the_bottom(idle, conn)
         return
-    q = getattr(pool, "pool", None)  # BlockingConnectionPool: a LifoQueue
+    q: Any = getattr(pool, "pool", None)  # BlockingConnectionPool: a LifoQueue
     if isinstance(getattr(q, "queue", None), list) and hasattr(q, "mutex"):
         with q.mutex:
             to_the_bottom(q.queue, conn)

@@ -729,8 +729,15 @@ class LockBase:
 
     def _acquire_steps(self, owner: bytes, pending: Pending) -> Steps:
         """One request (a try, and with a wait the queueing, in one ``LOCK.ACQUIRE ... WAIT``)
-        over a connection of ours whose timeouts come from what is left of ``pending.limit``.
-        Returns the hold, or None when not granted in time.
+        over a connection of the client's pool whose timeouts come from what is left of
+        ``pending.limit``. Returns the hold, or None when not granted in time.
+
+        - The connection: a wait or a bound hold passes the pool's wait gate
+          (``max_wait_connections``), queueing in the client until the wait's own end (not the
+          reply's margin beyond it); a wait whose time runs out there returns None (False),
+          as an expired ``blocking_timeout``. One try never queues there: beyond the limit it
+          raises ``ConnectionLimitError`` at once. Any other ``ConnectionLimitError`` (a pool
+          of one connection, a pool whose connections are all in use) is raised.
 
         - A ``RedisCluster`` key that moved while the request waited is followed (TRYAGAIN,
           ASK, MOVED) with what is left of the wait.
@@ -946,8 +953,9 @@ class LockBase:
     # -- the watchdog --------------------------------------------------------------------------
 
     def _watchdog_steps(self, hold: Hold, owner_ref: "weakref.ref[Any]") -> Steps:
-        """Extends the lease every third of its ttl (through the watcher's connection, else a
-        connection of its own, with what is left of the lease as read timeout); a bound hold's
+        """Extends the lease every third of its ttl (through the watcher's connection, else as
+        one request on a connection of the pool taken for it alone, with what is left of the
+        lease as deadline); a bound hold's
         connection is also looked at every PROBE_INTERVAL. Reports a loss once. Never raises
         (a failure is logged)."""
         name, on_lost = self.name, self.on_lost
