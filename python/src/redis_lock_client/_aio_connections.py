@@ -39,6 +39,7 @@ from ._connections import (
     configure_connections,
     expired,
     gate_of,
+    gate_to_queue_at,
     in_use,
     inherit_settings,
     is_retryable_connect_error,
@@ -176,14 +177,10 @@ async def _release(pool: Any, conn: Any) -> None:
 
 
 async def _enter_gate(pool: Any, deadline: Optional[float], queue: bool = True) -> None:
-    cap = wait_cap(pool)
-    if cap == 0:
-        raise wait_limit_error(pool, False)
-    gate = gate_of(pool)
-    if not queue:
-        if not gate.try_enter(cap):
-            raise wait_limit_error(pool, False)
+    entry = gate_to_queue_at(pool, queue)
+    if entry is None:
         return
+    gate, cap = entry
     loop = asyncio.get_running_loop()
     fut: "asyncio.Future[None]" = loop.create_future()
 

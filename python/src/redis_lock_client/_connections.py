@@ -698,17 +698,29 @@ def to_the_bottom(idle: List[Any], conn: Any) -> None:
 # Taking and giving back
 
 
-def _enter_gate(pool: Any, deadline: Optional[float], queue: bool = True) -> None:
-    """Waits, first come first served, for a place among the pool's wait connections (with
-    ``queue`` False: only a place free at once)."""
+def gate_to_queue_at(pool: Any, queue: bool) -> Optional[Tuple[_Gate, int]]:
+    """The pool's wait gate and its cap for a waiter that may have to queue; None when no
+    queueing is needed (``queue`` False and a place was free: taken). Raises
+    :class:`ConnectionLimitError` when no place can be had (no wait allowed at all, or none
+    free at once without ``queue``)."""
     cap = wait_cap(pool)
     if cap == 0:
         raise wait_limit_error(pool, False)
     gate = gate_of(pool)
-    if not queue:
-        if not gate.try_enter(cap):
-            raise wait_limit_error(pool, False)
+    if queue:
+        return gate, cap
+    if not gate.try_enter(cap):
+        raise wait_limit_error(pool, False)
+    return None
+
+
+def _enter_gate(pool: Any, deadline: Optional[float], queue: bool = True) -> None:
+    """Waits, first come first served, for a place among the pool's wait connections (with
+    ``queue`` False: only a place free at once)."""
+    entry = gate_to_queue_at(pool, queue)
+    if entry is None:
         return
+    gate, cap = entry
     event = threading.Event()
     ticket = _Ticket(event.set)
     if gate.enter(cap, ticket):
