@@ -261,3 +261,29 @@ def restart_keeping_port(s: Server) -> None:
         s.start()
     finally:
         free_port = saved
+
+
+def watcher_ids(admin: Any, timeout: float = 10.0) -> "set[int]":
+    """The ids of the loss watchers' connections to the server (made with the user's pool's
+    arguments, so named as its connections, but not of the pool): Pub/Sub connections (flag
+    P) and tracking command connections (flag t). Call it while a lock is held (a watcher
+    runs); waits until at least one of each is set up."""
+
+    def found() -> "set[int]":
+        ids = set()
+        kinds = set()
+        for c in admin.client_list():
+            flags = str(c.get("flags", ""))
+            for kind in ("P", "t"):
+                if kind in flags:
+                    ids.add(int(c["id"]))
+                    kinds.add(kind)
+        return ids if kinds == {"P", "t"} else set()
+
+    return wait_for(found, timeout, what="the loss watcher's connections")  # type: ignore[no-any-return]
+
+
+def pool_clients(admin: Any, name: str, exclude: Any = frozenset()) -> int:
+    """Connections the server sees with client name ``name`` (set by the pool's handshake),
+    leaving out the ids in ``exclude`` (the watcher's)."""
+    return sum(1 for c in admin.client_list() if c.get("name") == name and int(c["id"]) not in exclude)

@@ -216,3 +216,107 @@ def test_reconnect_across_a_restart() -> None:
             again.kill()
             again.wait()
         s.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The asyncio Lock on these connections
+
+
+def test_30_tasks_of_the_asyncio_lock_stay_within_a_blocking_pool_of_4(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """The asyncio ``Lock`` itself (not the primitives): 30 tasks waiting with
+    ``BlockingConnectionPool(max_connections=4)``: the server sees at most 4 connections of
+    the pool, at most 2 stay connected afterwards, and the wait limit (3) holds."""
+    from redis_lock_client.asyncio import Lock
+
+    most = [0]
+    got: List[int] = []
+    inside = [0]
+    most_inside = [0]
+    after: List[int] = []
+
+    async def main() -> None:
+        pool = redis.asyncio.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=4, timeout=60, client_name="alock4")
+        client = redis.asyncio.Redis(connection_pool=pool)
+        holder = Lock(client, "alock", timeout=60, thread_local=False)
+        assert await holder.acquire()
+        loop = asyncio.get_running_loop()
+        # The loss watcher's connections carry the pool's name but are not the pool's.
+        watcher = await loop.run_in_executor(None, kit.watcher_ids, r)
+        stop = asyncio.Event()
+
+        async def sample() -> None:
+            while not stop.is_set():
+                most[0] = max(most[0], await loop.run_in_executor(None, kit.pool_clients, r, "alock4", watcher))
+                await asyncio.sleep(0.003)
+
+        sampler = asyncio.ensure_future(sample())
+
+        async def worker(i: int) -> None:
+            lock = Lock(client, "alock", timeout=60, blocking_timeout=100)
+            assert await lock.acquire()
+            inside[0] += 1
+            most_inside[0] = max(most_inside[0], inside[0])
+            got.append(i)
+            await asyncio.sleep(0.005)
+            inside[0] -= 1
+            await lock.release()
+
+        tasks = [asyncio.ensure_future(worker(i)) for i in range(30)]
+        deadline = time.monotonic() + 20
+        while conns.in_use(pool) != (3, 27):
+            assert time.monotonic() < deadline, conns.in_use(pool)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        assert conns.in_use(pool) == (3, 27)
+        await holder.release()
+        await asyncio.gather(*tasks)
+        stop.set()
+        await sampler
+        assert conns.in_use(pool) == (0, 0)
+        after.append(await loop.run_in_executor(None, kit.pool_clients, r, "alock4", watcher))
+        await client.aclose() if hasattr(client, "aclose") else await client.close()
+        await pool.disconnect()
+
+    run(main())
+    assert sorted(got) == list(range(30))
+    assert most_inside[0] == 1
+    assert most[0] <= 4, f"the server saw {most[0]} connections of a pool of 4"
+    assert after[0] <= conns.MAX_IDLE, f"{after[0]} connections of the pool stayed connected"
+
+
+def test_asyncio_lock_client_queue_timeout_and_limit_errors(server: kit.Server) -> None:
+    """As the sync Lock: a wait whose blocking_timeout runs out queued in the client returns
+    False within that time; a non-blocking bound acquire beyond the wait limit raises
+    ``ConnectionLimitError`` at once instead of queueing."""
+    import redis_lock_client
+    from redis_lock_client.asyncio import Lock
+
+    async def main() -> None:
+        pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=server.port)
+        client = redis.asyncio.Redis(connection_pool=pool)
+        redis_lock_client.configure_connections(client, max_wait_connections=1)
+        holder = Lock(client, "abusy", timeout=30, thread_local=False)
+        assert await holder.acquire()
+        waiter = Lock(client, "abusy", timeout=30, thread_local=False)
+        long_wait = asyncio.ensure_future(waiter.acquire(blocking_timeout=20))
+        deadline = time.monotonic() + 10
+        while conns.in_use(pool) != (1, 0):
+            assert time.monotonic() < deadline, conns.in_use(pool)
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        got = await asyncio.wait_for(Lock(client, "afree", timeout=30).acquire(blocking_timeout=0.5), 10)
+        took = time.monotonic() - started
+        assert got is False and 0.45 <= took < 1.5, (got, took)
+        started = time.monotonic()
+        with pytest.raises(redis_lock_client.ConnectionLimitError) as e:
+            await asyncio.wait_for(Lock(client, "abound", timeout=None).acquire(blocking=False), 10)
+        assert time.monotonic() - started < 1
+        assert e.value.limit == "max_wait_connections" and not e.value.queued
+        await holder.release()
+        assert await long_wait is True
+        await waiter.release()
+        assert conns.in_use(pool) == (0, 0)
+        await client.aclose() if hasattr(client, "aclose") else await client.close()
+        await pool.disconnect()
+
+    run(main())

@@ -258,7 +258,9 @@ def test_watchdog(server: kit.Server) -> None:
         deleted = time.monotonic()
         await until(lambda: bool(reported), what="the loss report")
         assert time.monotonic() - deleted < 0.5
-        assert reported[0].reason == "notowner"
+        # The loss watcher sees the DEL at once ("deleted"); a renewal of the watchdog under
+        # way meanwhile says "notowner" (before the watcher, issue 25, the only way to notice).
+        assert reported[0].reason in ("deleted", "notowner")
         with pytest.raises(LockLostError):
             lock.check()
 
@@ -320,18 +322,20 @@ def test_async_redlock_with_two_paused(redlock_servers: List[kit.Server]) -> Non
 def test_async_bad_arguments(server: kit.Server) -> None:
     from redis_lock_client import LockArgumentError
 
-    r = redis.asyncio.Redis(port=server.port)
-    with pytest.raises(LockArgumentError):
-        Lock(r, "k", timeout=0)
-    with pytest.raises(LockArgumentError):
-        ReadLock(r, "k", timeout=1, lock_delay=1)
-    with pytest.raises(LockArgumentError):
-        Semaphore(r, "k", 0)
-
     async def main() -> None:
+        # Made inside the running loop: redis-py's asyncio pool makes an asyncio.Lock in its
+        # constructor, which needs a loop on Python 3.8/3.9 once an earlier asyncio.run() ended.
+        r = redis.asyncio.Redis(port=server.port)
+        with pytest.raises(LockArgumentError):
+            Lock(r, "k", timeout=0)
+        with pytest.raises(LockArgumentError):
+            ReadLock(r, "k", timeout=1, lock_delay=1)
+        with pytest.raises(LockArgumentError):
+            Semaphore(r, "k", 0)
         with pytest.raises(LockArgumentError):
             await Lock(r, "k", timeout=1).acquire(token="")
         with pytest.raises(LockArgumentError):
             await Lock(r, "k", timeout=1).acquire(blocking_timeout=-1)
+        await r.aclose() if hasattr(r, "aclose") else await r.close()
 
     run(main())

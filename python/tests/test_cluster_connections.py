@@ -60,3 +60,69 @@ def test_asyncio_cluster_waits_count_against_the_nodes_max_connections(cluster: 
             await rc.aclose() if hasattr(rc, "aclose") else await rc.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_watchdog_renewals_without_a_watcher_hold_no_connection_between_them(cluster: kit.Cluster) -> None:
+    """A cluster has no loss watcher, so the watchdog renews over connections of the pool:
+    one request each, given back at once, never one connection kept for the whole hold."""
+    from redis_lock_client import Lock
+
+    rc = cluster.client()
+    try:
+        lock = Lock(rc, "wd", timeout=0.6, watchdog=True)
+        assert lock.acquire()
+        pool = conns.pool_of(rc, "wd")
+        end = time.monotonic() + 1.5  # several renewals (every 0.2 s)
+        samples = 0
+        while time.monotonic() < end:
+            # Between renewals (each takes well under a millisecond) nothing is taken.
+            if conns.in_use(pool) == (0, 0) and not pool._in_use_connections:
+                samples += 1
+            time.sleep(0.01)
+        assert samples > 100, samples
+        assert conns.in_use(pool) == (0, 0)
+        assert lock.owned() and not lock.lost  # the renewals went through
+        lock.release()
+        assert not pool._in_use_connections
+    finally:
+        rc.close()
+
+
+def test_asyncio_watchdog_renewals_without_a_watcher_hold_no_connection(cluster: kit.Cluster) -> None:
+    from redis_lock_client.asyncio import Lock
+
+    async def main() -> None:
+        rc: Any = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, client_name="awd")
+        await rc.initialize()
+        try:
+            node = aconns.pool_of(rc, "awd")
+            server = next(n for n in cluster.nodes if n.port == node.port)
+            admin = server.client()
+
+            def outside() -> int:
+                seen = sum(1 for c in admin.client_list() if c.get("name") == "awd")
+                return seen - len(node._connections)
+
+            # The cluster client's own start-up connection, say: there before the lock.
+            before = outside()
+            lock = Lock(rc, "awd", timeout=0.6, watchdog=True)
+            assert await lock.acquire()
+            end = time.monotonic() + 1.5
+            samples = 0
+            most_outside = 0
+            while time.monotonic() < end:
+                if aconns.in_use(node) == (0, 0) and len(node._free) == len(node._connections):
+                    samples += 1
+                # No connection of this client beyond the node's pool's (and those before).
+                most_outside = max(most_outside, outside() - before)
+                await asyncio.sleep(0.01)
+            admin.close()
+            assert samples > 100, samples
+            assert most_outside <= 0, f"{most_outside} connection(s) outside the node's pool"
+            assert await lock.owned() and not lock.lost
+            await lock.release()
+            assert aconns.in_use(node) == (0, 0)
+        finally:
+            await rc.aclose() if hasattr(rc, "aclose") else await rc.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

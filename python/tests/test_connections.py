@@ -6,6 +6,7 @@ request bounded by its deadline against a stopped server, and a reconnect across
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -15,23 +16,27 @@ from typing import Any, Dict, List
 
 import pytest
 import redis
+import redis.asyncio
 
 import kit
 from kit import wait_for
 from redis_lock_client import Lock, _connections as conns
 
 
-def pool_clients(admin: "redis.Redis[bytes]", name: str) -> int:
-    """Connections the server sees with client name ``name`` (set by the pool's handshake)."""
-    return sum(1 for c in admin.client_list() if c.get("name") == name)
+def pool_clients(admin: "redis.Redis[bytes]", name: str, exclude: Any = frozenset()) -> int:
+    """Connections the server sees with client name ``name`` (set by the pool's handshake),
+    but for the ids in ``exclude`` (the loss watcher's: not of the pool)."""
+    return kit.pool_clients(admin, name, exclude)
 
 
 class Sampler:
-    """Samples the server's client list every few ms; keeps the largest count for ``name``."""
+    """Samples the server's client list every few ms; keeps the largest count for ``name``
+    (leaving out the ids in ``exclude``)."""
 
-    def __init__(self, server: kit.Server, name: str) -> None:
+    def __init__(self, server: kit.Server, name: str, exclude: Any = frozenset()) -> None:
         self.admin = server.client()
         self.name = name
+        self.exclude = exclude
         self.most = 0
         self.stop = threading.Event()
         self.failure: List[BaseException] = []
@@ -41,7 +46,7 @@ class Sampler:
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                self.most = max(self.most, pool_clients(self.admin, self.name))
+                self.most = max(self.most, pool_clients(self.admin, self.name, self.exclude))
                 time.sleep(0.003)
         except BaseException as e:  # noqa: BLE001 - reported by close()
             self.failure.append(e)
@@ -58,9 +63,12 @@ class Sampler:
 def test_30_waiting_threads_stay_within_a_blocking_pool_of_4(server: kit.Server, r: "redis.Redis[bytes]") -> None:
     pool = redis.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=4, timeout=60, client_name="cap4")
     client = redis.Redis(connection_pool=pool)
-    sampler = Sampler(server, "cap4")
     holder = Lock(client, "cap", timeout=60, thread_local=False)
     assert holder.acquire()
+    # The loss watcher's two connections are made with the pool's arguments (its name too)
+    # but are not the pool's.
+    watcher = kit.watcher_ids(r)
+    sampler = Sampler(server, "cap4", watcher)
     inside = [0]
     most_inside = [0]
     got: List[int] = []
@@ -103,7 +111,7 @@ def test_30_waiting_threads_stay_within_a_blocking_pool_of_4(server: kit.Server,
     assert conns.in_use(pool) == (0, 0)
     # What stays connected afterwards: the idle connections of the pool (the first tries and
     # releases go through redis-py's own execute_command, whose connections redis-py keeps).
-    assert pool_clients(r, "cap4") <= 4
+    assert pool_clients(r, "cap4", watcher) <= conns.MAX_IDLE + 2
     client.close()
     pool.disconnect()
 
@@ -336,4 +344,143 @@ def test_a_waiter_interrupted_in_the_queue_leaves_it(server: kit.Server) -> None
     assert conns.in_use(pool) == (0, 0)
     again = conns.take(pool, time.monotonic() + 1)
     conns.give_back(pool, again)
+    pool.disconnect()
+
+
+# ----------------------------------------------------------------------------------------------
+# The Lock on these connections: deadlines, the client queue, the errors, the public limits
+
+
+def acquire_in_thread(lock: Lock, limit: float, **kwargs: Any) -> Dict[str, Any]:
+    """``lock.acquire(**kwargs)`` in a thread, joined for at most ``limit`` seconds: what it
+    returned or raised, how long it took ("hung" when it had not returned by then)."""
+    out: Dict[str, Any] = {}
+
+    def go() -> None:
+        started = time.monotonic()
+        try:
+            out["result"] = lock.acquire(**kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            out["error"] = e
+        out["took"] = time.monotonic() - started
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        out["hung"] = True
+    return out
+
+
+def test_a_wait_that_runs_out_queued_in_the_client_returns_false(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """One wait connection (max_wait_connections=1) serves a long wait; a second wait (another
+    key, free) queues in the client behind it and its blocking_timeout runs out there: False,
+    as for any expired blocking_timeout, within that timeout."""
+    pool = redis.ConnectionPool(host="127.0.0.1", port=server.port)
+    conns.configure(pool, max_wait_connections=1)
+    client = redis.Redis(connection_pool=pool)
+    holder = Lock(client, "busy", timeout=30, thread_local=False)
+    assert holder.acquire()
+    waiter = Lock(client, "busy", timeout=30, thread_local=False)
+    long_wait = acquire_in_thread(waiter, 0.001, blocking_timeout=20)
+    wait_for(lambda: conns.in_use(pool) == (1, 0), 10, what="the long wait on the wait connection")
+    out = acquire_in_thread(Lock(client, "free", timeout=30), 10, blocking_timeout=0.5)
+    assert "hung" not in out, "a wait queued in the client ignored its blocking_timeout"
+    assert out.get("result") is False, out
+    assert 0.45 <= out["took"] < 1.5, out
+    assert conns.in_use(pool) == (1, 0)
+    holder.release()
+    wait_for(lambda: waiter.local.token is not None, 10, what="the long wait's grant")
+    waiter.release()
+    assert "error" not in long_wait, long_wait
+    wait_for(lambda: conns.in_use(pool) == (0, 0), 10, what="the wait connection back")
+    client.close()
+    pool.disconnect()
+
+
+def test_lock_level_connection_limit_errors(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """The errors a Lock gives when no connection can be had: a non-blocking bound acquire
+    beyond the wait limit raises at once (it does not queue in the client); a pool of one
+    connection cannot serve a wait; a wait whose blocking_timeout runs out waiting for a
+    BlockingConnectionPool's connection raises, naming max_connections, within that time."""
+    import redis_lock_client
+
+    pool = redis.ConnectionPool(host="127.0.0.1", port=server.port)
+    conns.configure(pool, max_wait_connections=1)
+    client = redis.Redis(connection_pool=pool)
+    first = Lock(client, "b1", timeout=None)  # bound: keeps its connection (the one place)
+    assert first.acquire(blocking=False)
+    out = acquire_in_thread(Lock(client, "b2", timeout=None), 10, blocking=False)
+    assert "hung" not in out, "a non-blocking bound acquire blocked in the client queue"
+    err = out.get("error")
+    assert isinstance(err, redis_lock_client.ConnectionLimitError), out
+    assert isinstance(err, redis.exceptions.LockError)
+    assert err.limit == "max_wait_connections" and err.value == 1 and not err.queued
+    assert "raise max_wait_connections" in str(err)
+    assert out["took"] < 1, out
+    first.release()
+    assert conns.in_use(pool) == (0, 0)
+    # A pool of one connection: no wait or bound hold may use it (a release would find none).
+    one = redis.Redis(connection_pool=redis.ConnectionPool(host="127.0.0.1", port=server.port, max_connections=1))
+    with pytest.raises(redis_lock_client.ConnectionLimitError) as e1:
+        Lock(one, "one", timeout=10).acquire(blocking_timeout=1)
+    assert e1.value.limit == "max_wait_connections" and "raise the pool's max_connections" in str(e1.value)
+    # A BlockingConnectionPool whose connections are all in use (its timeout 30 s): the wait
+    # gives up on it at its blocking_timeout.
+    bpool = redis.BlockingConnectionPool(host="127.0.0.1", port=server.port, max_connections=2, timeout=30)
+    held = [bpool.get_connection(*conns.public_get_connection_args(bpool.get_connection)) for _ in range(2)]
+    out = acquire_in_thread(Lock(redis.Redis(connection_pool=bpool), "b3", timeout=10), 10, blocking_timeout=0.5)
+    assert "hung" not in out, "the wait for a pool connection ignored blocking_timeout"
+    err = out.get("error")
+    assert isinstance(err, redis_lock_client.ConnectionLimitError) and err.limit == "max_connections", out
+    assert 0.45 <= out["took"] < 1.5, out
+    for c in held:
+        bpool.release(c)
+    assert conns.in_use(bpool) == (0, 0)
+    for p in (pool, one.connection_pool, bpool):
+        p.disconnect()
+
+
+def test_configure_connections_is_public_and_sets_the_limits(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    import redis_lock_client
+    import redis_lock_client.asyncio
+
+    assert "configure_connections" in redis_lock_client.__all__
+    assert "ConnectionLimitError" in redis_lock_client.__all__
+    assert redis_lock_client.asyncio.configure_connections is redis_lock_client.configure_connections
+    pool = redis.ConnectionPool(host="127.0.0.1", port=server.port, client_name="conf")
+    client = redis.Redis(connection_pool=pool)
+    redis_lock_client.configure_connections(client, max_wait_connections=2, max_idle_connections=1)
+    assert conns.wait_cap(pool) == 2
+    holder = Lock(client, "conf", timeout=30, thread_local=False)
+    assert holder.acquire()
+    watcher = kit.watcher_ids(r)
+    waiters = [Lock(client, "conf", timeout=30, thread_local=False) for _ in range(3)]
+    outs = [acquire_in_thread(w, 0.001, blocking_timeout=30) for w in waiters]
+    wait_for(lambda: conns.in_use(pool) == (2, 1), 10, what="2 waits on connections, 1 queued in the client")
+    holder.release()
+    for w in waiters:
+        wait_for(lambda: w.local.token is not None, 10, what="a grant")
+        w.release()
+    assert all("error" not in o for o in outs), outs
+    wait_for(lambda: conns.in_use(pool) == (0, 0), 10, what="every wait connection back")
+    # One idle connection left connected by the waits; the holder's and the releases' go
+    # through redis-py's own commands, which keep theirs.
+    assert pool_clients(r, "conf", watcher) <= 1 + 1, [(c["id"], c["flags"], c["cmd"]) for c in r.client_list() if c.get("name") == "conf"]
+    # None keeps a value; a bad one is refused.
+    redis_lock_client.configure_connections(client, max_idle_connections=None)
+    assert conns.max_idle_of(pool) == 1
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(redis_lock_client.LockArgumentError):
+            redis_lock_client.configure_connections(client, max_wait_connections=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        redis_lock_client.configure_connections(object())
+    # An asyncio client: its pool (made in a loop: Python 3.8's asyncio.Lock wants one).
+    async def aio() -> None:
+        apool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=server.port)
+        redis_lock_client.configure_connections(redis.asyncio.Redis(connection_pool=apool), max_wait_connections=5)
+        assert conns.wait_cap(apool) == 5
+
+    asyncio.run(aio())
+    client.close()
     pool.disconnect()

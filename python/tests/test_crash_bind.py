@@ -179,7 +179,9 @@ def test_watchdog_reports_a_del_within_one_ttl(r: "redis.Redis[bytes]") -> None:
     r.delete("k")
     assert reported.wait(ttl * 4)
     assert time.monotonic() - deleted < ttl
-    assert errors[0].reason == "notowner"
+    # The loss watcher sees the DEL at once ("deleted"); a renewal of the watchdog under way
+    # meanwhile says "notowner" (before issue 25's watcher, the only way to notice).
+    assert errors[0].reason in ("deleted", "notowner")
     assert lock.lost
     with pytest.raises(LockLostError):
         lock.check()

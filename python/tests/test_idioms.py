@@ -328,7 +328,7 @@ def test_watcher_hooks(r: "redis.Redis[bytes]", monkeypatch: pytest.MonkeyPatch)
     rec = _Recorder()
 
     def watch(client: Any, name: Any, owner: bytes, on_loss: Any) -> Any:
-        handle = _watch_sync.Handle()
+        handle = _watch_sync.Handle(None, None)  # type: ignore[arg-type]
         rec.watched.append((name, owner, on_loss, handle))
         return handle
 
@@ -360,7 +360,7 @@ def test_watcher_hooks_asyncio(server: kit.Server, monkeypatch: pytest.MonkeyPat
     rec = _Recorder()
 
     def watch(client: Any, name: Any, owner: bytes, on_loss: Any) -> Any:
-        handle = _watch_aio.Handle()
+        handle = _watch_aio.Handle(None, None)  # type: ignore[arg-type]
         rec.watched.append((name, owner, on_loss, handle))
         return handle
 

@@ -5,6 +5,9 @@
 - ``ReadLock`` / ``RWLock``: read-write locks; ``Semaphore``: counting semaphores.
 - ``Redlock``: one lock over N independent servers (N/2+1 must grant it).
 - ``redis_lock_client.asyncio``: the same for ``redis.asyncio``.
+- ``configure_connections(client, max_wait_connections=..., max_idle_connections=...)``: the
+  limits on the connections that waits and bound holds take from the client's pool (sync and
+  asyncio clients alike); ``ConnectionLimitError`` when none can be had.
 
 See docs/python.md in the redis-lock repository.
 """
@@ -30,6 +33,7 @@ from ._common import (
     WrongKindError,
     WrongTypeError,
 )
+from ._connections import ConnectionLimitError, configure_connections
 from .lock import Lock, ReadLock, RWLock, Semaphore
 from .redlock import Redlock
 
@@ -37,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CapacityMismatchError",
+    "ConnectionLimitError",
     "DeadlockError",
     "Holder",
     "Lock",
@@ -59,4 +64,5 @@ __all__ = [
     "WrongKindError",
     "WrongTypeError",
     "__version__",
+    "configure_connections",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import Any, Awaitable, Callable, List, Optional
+from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
@@ -36,18 +36,22 @@ from ._connections import (
     _unlend,
     _set_connect_timeouts,
     configure,
+    configure_connections,
     expired,
     gate_of,
+    gate_to_queue_at,
     in_use,
+    inherit_settings,
     is_retryable_connect_error,
     pause_before_retry,
-    default_timeout,
+    default_timeout as default_timeout,
     keep_connected,
     pool_limit_error,
     public_get_connection_args,
     reconnect_delays,
     remaining,
     server_name,
+    to_the_bottom,
     wait_cap,
     wait_limit_error,
 )
@@ -56,15 +60,20 @@ from ._connections import (
 # Where connections come from
 
 
-def pool_of(client: Any, name: Any) -> Any:
+def pool_of(client: Any, name: Any, address: Optional[Tuple[str, int]] = None) -> Any:
     """What serves ``name``: the client's pool, or for a ``RedisCluster`` the node that owns the
-    key's slot (both have ``connection_class``, ``connection_kwargs`` and ``max_connections``)."""
+    key's slot (of the node at ``address`` when given: a key that moved); both have
+    ``connection_class``, ``connection_kwargs`` and ``max_connections``. A cluster client must
+    know its slots (``await client.initialize()``)."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         return pool
     get_node = getattr(client, "get_node_from_key", None)
     if get_node is not None:
-        return get_node(name)
+        node = None
+        if address is not None:
+            node = client.get_node(host=address[0], port=address[1])
+        return inherit_settings(client, node if node is not None else get_node(name))
     raise TypeError(
         "expected a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster client, "
         f"not {type(client).__name__}"
@@ -158,17 +167,20 @@ async def _release(pool: Any, conn: Any) -> None:
         result = pool.release(conn)
     if inspect.isawaitable(result):
         await result
+    idle = getattr(pool, "_available_connections", None)
+    if isinstance(idle, list) and not _is_connected(conn):
+        to_the_bottom(idle, conn)  # no await in between: nothing else runs meanwhile
 
 
 # ----------------------------------------------------------------------------------------------
 # Taking and giving back
 
 
-async def _enter_gate(pool: Any, deadline: Optional[float]) -> None:
-    cap = wait_cap(pool)
-    if cap == 0:
-        raise wait_limit_error(pool, False)
-    gate = gate_of(pool)
+async def _enter_gate(pool: Any, deadline: Optional[float], queue: bool = True) -> None:
+    entry = gate_to_queue_at(pool, queue)
+    if entry is None:
+        return
+    gate, cap = entry
     loop = asyncio.get_running_loop()
     fut: "asyncio.Future[None]" = loop.create_future()
 
@@ -196,11 +208,11 @@ async def _enter_gate(pool: Any, deadline: Optional[float]) -> None:
         raise wait_limit_error(pool, True)
 
 
-async def take(pool: Any, deadline: Optional[float] = None, wait: bool = True) -> Any:
+async def take(pool: Any, deadline: Optional[float] = None, wait: bool = True, queue: bool = True) -> Any:
     """A connection of ``pool`` (counted by it) for a request of ours: as
     ``_connections.take``. It must end in :func:`give_back` or :func:`abandon`."""
     if wait:
-        await _enter_gate(pool, deadline)
+        await _enter_gate(pool, deadline, queue)
     try:
         conn = await _slot(pool, deadline)
     except BaseException:

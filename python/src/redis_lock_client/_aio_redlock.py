@@ -14,6 +14,7 @@ from typing import Any, List, Literal, Optional, Tuple
 
 from redis.exceptions import LockError, ResponseError
 
+from . import _aio_connections as conns
 from . import _redlock_core as rc
 from . import _watch_aio
 from ._common import dedicated_kwargs
@@ -29,36 +30,13 @@ __all__ = ["Redlock", "OnLost"]
 # Connections of our own, one server's
 
 
-def _is_closed(conn: Any) -> bool:
-    """Seen without blocking or sending: the stream reader met the end of the stream."""
-    reader = getattr(conn, "_reader", None)
-    if reader is None:
-        return True
-    try:
-        return bool(reader.at_eof())
-    except Exception:  # noqa: BLE001 - an unknown reader: assume open
-        return False
-
-
-async def _abandon_now(conn: Any, behind: Optional[Tuple[Any, ...]]) -> None:
-    try:
-        if behind is not None and getattr(conn, "is_connected", False):
-            await conn.send_packed_command(conn.pack_command(*behind), check_health=False)
-    except BaseException:  # noqa: BLE001 - best effort, the close below is what counts
-        pass
-    finally:
-        try:
-            await conn.disconnect(nowait=True)
-        except TypeError:
-            await conn.disconnect()
-        except BaseException:  # noqa: BLE001
-            pass
+_is_closed = conns.is_closed
 
 
 async def _abandon(conn: Any, behind: Optional[Tuple[Any, ...]]) -> None:
-    """Writes ``behind`` after an unanswered request and closes the connection; shielded, so
-    it completes even while the calling task is being cancelled (which then propagates)."""
-    await asyncio.shield(asyncio.ensure_future(_abandon_now(conn, behind)))
+    """Writes ``behind`` after an unanswered request and closes the connection; completes even
+    while the calling task is being cancelled (which then propagates)."""
+    await conns.abandon(conn, None if behind is None else list(behind))
 
 
 class _Instance(rc.InstanceBase):

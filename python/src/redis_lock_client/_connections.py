@@ -71,12 +71,15 @@ class ConnectionLimitError(LockError):
     way and this one queued in the client until its time ran out. ``limit`` names the limit
     (``"max_connections"`` or ``"max_wait_connections"``) and ``value`` its value."""
 
-    def __init__(self, message: str, limit: str = "", value: Optional[int] = None) -> None:
+    def __init__(self, message: str, limit: str = "", value: Optional[int] = None, queued: bool = False) -> None:
         super().__init__(message)
         setattr(self, "message", message)
         setattr(self, "lock_name", None)
         self.limit = limit
         self.value = value
+        #: True when the caller queued in the client for a wait connection and its time ran
+        #: out there (an acquire then returns False, as after its blocking_timeout).
+        self.queued = queued
 
 
 @dataclass
@@ -113,6 +116,14 @@ class _Gate:
                 ticket.admitted = True
                 return True
             self.queue.append(ticket)
+            return False
+
+    def try_enter(self, cap: int) -> bool:
+        """True: in at once; False: no place free now (and not queued)."""
+        with self.mutex:
+            if not self.queue and self.in_use < cap:
+                self.in_use += 1
+                return True
             return False
 
     def leave(self, cap: int) -> None:
@@ -153,16 +164,108 @@ def configure(pool: Any, max_wait_connections: Optional[int] = None, max_idle_co
     """Sets the limits of ``pool`` (a connection pool, or an asyncio cluster node): how many of
     its connections may serve waits at once, and how many idle connected connections it is
     left with when a wait or a bound hold gives its connection back. None keeps a value."""
+    _check_limits(max_wait_connections, max_idle_connections)
+    _set(_settings_of(pool), max_wait_connections, max_idle_connections)
+
+
+def _check_limits(max_wait_connections: Any, max_idle_connections: Any) -> None:
     for value, what in ((max_wait_connections, "max_wait_connections"), (max_idle_connections, "max_idle_connections")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             from ._common import LockArgumentError, make_error
 
-            raise make_error(LockArgumentError, f"{what} must be an int >= 0, not {value!r}")
-    s = _settings_of(pool)
+            raise make_error(LockArgumentError, f"{what} must be an int >= 0 or None, not {value!r}")
+
+
+def _set(s: _Settings, max_wait_connections: Optional[int], max_idle_connections: Optional[int]) -> None:
     if max_wait_connections is not None:
         s.max_wait_connections = max_wait_connections
     if max_idle_connections is not None:
         s.max_idle = max_idle_connections
+
+
+#: Limits set on a cluster client: each node's pool takes them when it is first used.
+_client_settings: "weakref.WeakKeyDictionary[Any, _Settings]" = weakref.WeakKeyDictionary()
+
+
+def configure_connections(
+    client: Any, max_wait_connections: Optional[int] = None, max_idle_connections: Optional[int] = None
+) -> None:
+    """Sets the connection limits the locks of ``client`` keep to (public as
+    ``redis_lock_client.configure_connections``). ``client`` is a ``redis.Redis`` or
+    ``redis.asyncio.Redis`` (the limits go to its connection pool, and so hold for every
+    client sharing that pool), a ``RedisCluster`` of either kind (every node's pool, also nodes
+    found later), or a connection pool itself.
+
+    - ``max_wait_connections``: how many connections of the pool may serve waits and bound
+      holds at once (default 64; never more than the pool's ``max_connections`` - 1, so that a
+      release always finds a connection). More waiters queue in the client, first come first
+      served; one whose ``blocking_timeout`` runs out there gets False from ``acquire``.
+    - ``max_idle_connections``: how many idle connections the pool is left with, connected,
+      when a wait or bound hold gives its connection back (default 2); beyond it they are
+      disconnected (redis-py reconnects them when it uses them again).
+
+    None keeps a value as it is. Raises ``LockArgumentError`` for anything but an int >= 0."""
+    _check_limits(max_wait_connections, max_idle_connections)
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        configure(pool, max_wait_connections, max_idle_connections)
+        return
+    if hasattr(client, "get_node_from_key"):
+        with _registry_lock:
+            s = _client_settings.get(client)
+            if s is None:
+                s = _client_settings[client] = _Settings()
+        _set(s, max_wait_connections, max_idle_connections)
+        for node in list(getattr(client, "get_nodes", lambda: [])()):
+            node_pool = _node_pool(node)
+            if node_pool is not None:
+                configure(node_pool, max_wait_connections, max_idle_connections)
+        return
+    if hasattr(client, "connection_kwargs") and hasattr(client, "max_connections"):
+        configure(client, max_wait_connections, max_idle_connections)  # a pool (or an asyncio node)
+        return
+    raise TypeError(
+        "expected a redis.Redis, redis.asyncio.Redis, a RedisCluster of either or a connection "
+        f"pool, not {type(client).__name__}"
+    )
+
+
+def _node_pool(node: Any) -> Any:
+    """A cluster node's pool: the sync node's client's pool (None: not connected yet), or the
+    asyncio node itself."""
+    node_client = getattr(node, "redis_connection", None)
+    if node_client is not None:
+        return getattr(node_client, "connection_pool", None)
+    if hasattr(node, "acquire_connection"):
+        return node
+    return None
+
+
+def inherit_settings(client: Any, pool: Any) -> Any:
+    """``pool`` (of a cluster ``client``'s node) takes the limits set on the client, if any
+    and if it has none of its own yet; returns ``pool``."""
+    s = _client_settings.get(client) if _weakrefable(client) else None
+    if s is not None:
+        with _registry_lock:
+            known = _known(pool)
+        if not known:
+            configure(pool, s.max_wait_connections, s.max_idle)
+    return pool
+
+
+def _weakrefable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _known(pool: Any) -> bool:
+    try:
+        return pool in _settings
+    except TypeError:
+        return (id(_settings), id(pool)) in _by_id
 
 
 #: For pools that cannot be weakly referenced (redis.asyncio's ClusterNode has __slots__, and
@@ -241,8 +344,12 @@ def wait_limit_error(pool: Any, queued: bool) -> ConnectionLimitError:
         )
     else:
         why = (
-            f"{cap} waits already hold connections of this pool"
-            + (" and this one queued behind them until its time ran out" if queued else "")
+            f"{cap} waits or bound holds already hold connections of this pool"
+            + (
+                " and this one queued behind them until its time ran out"
+                if queued
+                else " and a try that must not block does not queue behind them"
+            )
         )
     how = (
         "raise the pool's max_connections"
@@ -255,6 +362,7 @@ def wait_limit_error(pool: Any, queued: bool) -> ConnectionLimitError:
         f"max_connections - 1); {how}, or wait less long",
         "max_wait_connections",
         cap,
+        queued,
     )
 
 
@@ -427,14 +535,19 @@ def keep_connected(pool: Any, conn: Any) -> bool:
 # Where connections come from
 
 
-def pool_of(client: Any, name: Any) -> Any:
+def pool_of(client: Any, name: Any, address: Optional[Tuple[str, int]] = None) -> Any:
     """The connection pool that serves ``name``: the client's, or for a ``RedisCluster`` the
-    pool of the master that owns the key's slot."""
+    pool of the master that owns the key's slot (of the node at ``address`` when given: a key
+    that moved)."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         return pool
     get_node = getattr(client, "get_node_from_key", None)
     if get_node is not None:
+        if address is not None:
+            node = client.get_node(host=address[0], port=address[1])
+            if node is not None:
+                return inherit_settings(client, client.get_redis_connection(node).connection_pool)
         node = get_node(name)
         node_client = getattr(node, "redis_connection", None)
         if node_client is None:
@@ -442,7 +555,7 @@ def pool_of(client: Any, name: Any) -> Any:
             client.execute_command("LOCK.INFO", name)
             node = get_node(name)
             node_client = node.redis_connection
-        return node_client.connection_pool
+        return inherit_settings(client, node_client.connection_pool)
     raise TypeError(
         f"expected a redis.Redis or redis.cluster.RedisCluster client, not {type(client).__name__}"
     )
@@ -558,18 +671,56 @@ def _slot(pool: Any, deadline: Optional[float]) -> Any:
 
 def _release(pool: Any, conn: Any) -> None:
     pool.release(conn)
+    if _is_connected(conn):
+        return
+    idle = getattr(pool, "_available_connections", None)
+    if isinstance(idle, list):
+        with pool._lock:
+            to_the_bottom(idle, conn)
+        return
+    q: Any = getattr(pool, "pool", None)  # BlockingConnectionPool: a LifoQueue
+    if isinstance(getattr(q, "queue", None), list) and hasattr(q, "mutex"):
+        with q.mutex:
+            to_the_bottom(q.queue, conn)
+
+
+def to_the_bottom(idle: List[Any], conn: Any) -> None:
+    """A connection given back disconnected goes to the bottom of the pool's stack of idle
+    connections (the pool hands out the top first): the pool's next commands then use its
+    connected ones, not this one, which it would connect again while the others stayed
+    connected too."""
+    if idle and idle[-1] is conn:
+        idle.pop()
+        idle.insert(0, conn)
 
 
 # ----------------------------------------------------------------------------------------------
 # Taking and giving back
 
 
-def _enter_gate(pool: Any, deadline: Optional[float]) -> None:
-    """Waits, first come first served, for a place among the pool's wait connections."""
+def gate_to_queue_at(pool: Any, queue: bool) -> Optional[Tuple[_Gate, int]]:
+    """The pool's wait gate and its cap for a waiter that may have to queue; None when no
+    queueing is needed (``queue`` False and a place was free: taken). Raises
+    :class:`ConnectionLimitError` when no place can be had (no wait allowed at all, or none
+    free at once without ``queue``)."""
     cap = wait_cap(pool)
     if cap == 0:
         raise wait_limit_error(pool, False)
     gate = gate_of(pool)
+    if queue:
+        return gate, cap
+    if not gate.try_enter(cap):
+        raise wait_limit_error(pool, False)
+    return None
+
+
+def _enter_gate(pool: Any, deadline: Optional[float], queue: bool = True) -> None:
+    """Waits, first come first served, for a place among the pool's wait connections (with
+    ``queue`` False: only a place free at once)."""
+    entry = gate_to_queue_at(pool, queue)
+    if entry is None:
+        return
+    gate, cap = entry
     event = threading.Event()
     ticket = _Ticket(event.set)
     if gate.enter(cap, ticket):
@@ -586,16 +737,17 @@ def _enter_gate(pool: Any, deadline: Optional[float]) -> None:
         raise wait_limit_error(pool, True)
 
 
-def take(pool: Any, deadline: Optional[float] = None, wait: bool = True) -> Any:
+def take(pool: Any, deadline: Optional[float] = None, wait: bool = True, queue: bool = True) -> Any:
     """A connection of ``pool`` for a request of ours (counted by the pool), not yet connected
     if it was idle disconnected, with no retries. ``wait=True`` (the default): a connection kept
     beyond one immediate reply (a ``WAIT`` request, a bound hold, a watchdog's), so it first
     passes the pool's wait gate (at most ``max_wait_connections`` at once, first come first
-    served); ``wait=False`` for one short request. ``deadline`` (``time.monotonic()``; None: the pool's
+    served; ``queue=False``: only a place free at once, for a try that must not block);
+    ``wait=False`` for one short request. ``deadline`` (``time.monotonic()``; None: the pool's
     own timeout, no limit at the gate) bounds both. Raises :class:`ConnectionLimitError` when
     no connection can be had in time. It must end in :func:`give_back` or :func:`abandon`."""
     if wait:
-        _enter_gate(pool, deadline)
+        _enter_gate(pool, deadline, queue)
     try:
         conn = _slot(pool, deadline)
     except BaseException:
@@ -806,6 +958,7 @@ __all__ = [
     "abandon",
     "call",
     "configure",
+    "configure_connections",
     "connect",
     "default_timeout",
     "give_back",

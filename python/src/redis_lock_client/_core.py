@@ -52,6 +52,7 @@ from redis.exceptions import (
 )
 
 from . import _watch_aio, _watch_sync
+from ._connections import ConnectionLimitError, is_retryable_connect_error, reconnect_delays
 from ._common import (
     EXTEND_SCRIPT,
     SINGLE_SERVER_MARGIN,
@@ -91,10 +92,6 @@ Steps = Generator[Any, Any, Any]
 
 #: How often a watchdog looks at a bound hold's connection between extends.
 PROBE_INTERVAL = 0.1
-#: A wait whose connection failed (a server restart) queues again after this pause, doubled
-#: at each failure up to RETRY_MAX.
-RETRY_FIRST = 0.05
-RETRY_MAX = 1.0
 
 #: Failures that say nothing about the lock, only about the way to the server.
 TROUBLE = (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError)
@@ -132,23 +129,42 @@ class Link:
 
 @dataclass(frozen=True)
 class Take:
-    """A connection of our own to the node serving ``name`` (or, when ``address`` is set, to
-    that node). Result: a ``Link``."""
+    """A connection of the client's pool for ``name`` (or, when ``address`` is set, of that
+    node's), taken until ``GiveBack`` or ``Abandon``: ``_connections.take(pool, deadline, wait,
+    queue)``. ``wait``: kept beyond one immediate reply (a ``WAIT`` request, a bound hold), so
+    it passes the pool's wait gate, queueing there until ``deadline`` (``time.monotonic()``;
+    None: no limit), or with ``queue`` False only taking a place free at once. Result: a
+    ``Link``. Raises ``ConnectionLimitError`` when none can be had in time."""
 
     name: Any
     address: Optional[Tuple[str, int]]
+    deadline: Optional[float]
+    wait: bool
+    queue: bool = True
 
 
 @dataclass(frozen=True)
 class Call:
-    """Connect ``link`` if it is not (within ``connect_timeout``), send ``args``, read the
-    reply within ``timeout`` (None: no limit). An error reply raises ``ResponseError`` and
-    leaves the connection usable; any other failure leaves it to be abandoned."""
+    """Connect ``link`` if it is not (within ``deadline``; None: the pool's own timeouts), send
+    ``args``, read the reply within ``timeout`` (None: no limit). An error reply raises
+    ``ResponseError`` and leaves the connection usable; any other failure leaves it to be
+    abandoned."""
 
     link: Link
     args: List[Any]
     timeout: Optional[float]
-    connect_timeout: Optional[float]
+    deadline: Optional[float]
+
+
+@dataclass(frozen=True)
+class ShortRequest:
+    """One short request on a connection of the pool for ``name``, taken for it alone (no wait
+    gate) and given back or abandoned at once, everything within ``deadline``
+    (``_connections.request``). Result: the reply; an error reply raises ``ResponseError``."""
+
+    name: Any
+    args: List[Any]
+    deadline: Optional[float]
 
 
 @dataclass(frozen=True)
@@ -713,8 +729,15 @@ class LockBase:
 
     def _acquire_steps(self, owner: bytes, pending: Pending) -> Steps:
         """One request (a try, and with a wait the queueing, in one ``LOCK.ACQUIRE ... WAIT``)
-        over a connection of ours whose timeouts come from what is left of ``pending.limit``.
-        Returns the hold, or None when not granted in time.
+        over a connection of the client's pool whose timeouts come from what is left of
+        ``pending.limit``. Returns the hold, or None when not granted in time.
+
+        - The connection: a wait or a bound hold passes the pool's wait gate
+          (``max_wait_connections``), queueing in the client until the wait's own end (not the
+          reply's margin beyond it); a wait whose time runs out there returns None (False),
+          as an expired ``blocking_timeout``. One try never queues there: beyond the limit it
+          raises ``ConnectionLimitError`` at once. Any other ``ConnectionLimitError`` (a pool
+          of one connection, a pool whose connections are all in use) is raised.
 
         - A ``RedisCluster`` key that moved while the request waited is followed (TRYAGAIN,
           ASK, MOVED) with what is left of the wait.
@@ -729,10 +752,23 @@ class LockBase:
         started = time.monotonic()
         deadline = None if limit is None else started + limit
         wait_end = math.inf if wait is None or wait == math.inf else started + wait
+        # Getting the connection: a wait's own time (not the reply's margin beyond it); one try
+        # keeps to its deadline and never queues in the client for a wait connection.
+        take_deadline = deadline if wait is None else (None if wait == math.inf else wait_end)
+        keeps = wait is not None or req.bind  # kept beyond one immediate reply
         moved: Optional[KeyMoved] = None
         moves = 0
-        backoff = RETRY_FIRST
+        delays = reconnect_delays()
         while True:
+            address = None if moved is None else moved.address
+            try:
+                link = yield Take(self.name, address, take_deadline, keeps, queue=wait is not None)
+            except ConnectionLimitError as e:
+                if e.queued and wait is not None:
+                    # The wait's time ran out queued in the client behind other waits: as an
+                    # expired blocking_timeout.
+                    return None
+                raise
             now = time.monotonic()
             w: Optional[int] = None
             if wait == math.inf:
@@ -740,14 +776,12 @@ class LockBase:
             elif wait is not None and wait_end - now > 0:
                 w = wait_ms(wait_end - now)
             left = None if deadline is None else max(0.001, deadline - now)
-            link = yield Take(self.name, None if moved is None else moved.address)
             read_timeout = left if deadline is not None else (None if w == 0 else link.default)
-            connect_timeout = left if deadline is not None else link.default
             sent = time.monotonic()
             try:
                 if moved is not None and moved.asking:
-                    yield Call(link, ["ASKING"], read_timeout, connect_timeout)
-                reply = yield Call(link, req.args(self.name, owner, w), read_timeout, connect_timeout)
+                    yield Call(link, ["ASKING"], read_timeout, deadline)
+                reply = yield Call(link, req.args(self.name, owner, w), read_timeout, deadline)
                 fence = grant_token(reply)
             except GeneratorExit:
                 raise
@@ -760,11 +794,13 @@ class LockBase:
                 continue
             except BaseException as e:
                 yield Abandon(link, release_args(self.name, owner))
-                if is_trouble(e) and wait is not None and time.monotonic() + backoff < min(wait_end, deadline or math.inf):
-                    logger.warning("lock %r: the wait's connection failed (%s); queueing again in %.2f s", self.name, e, backoff)
-                    yield Sleep(backoff)
-                    backoff = min(backoff * 2, RETRY_MAX)
-                    continue
+                if wait is not None and isinstance(e, Exception) and is_retryable_connect_error(e):
+                    # The same pauses as any reconnect (_connections.reconnect_delays).
+                    pause = next(delays)
+                    if time.monotonic() + pause < min(wait_end, deadline or math.inf):
+                        logger.warning("lock %r: the wait's connection failed (%s); queueing again in %.2f s", self.name, e, pause)
+                        yield Sleep(pause)
+                        continue
                 if not is_trouble(e) and not req.bind and not isinstance(e, LockError):
                     yield from self._release_quietly(owner)
                 if is_trouble(e) and deadline is not None and time.monotonic() >= deadline - 0.05:
@@ -786,9 +822,19 @@ class LockBase:
                 # A waited grant starts its lease when the server grants, just before the reply.
                 valid_until = max(sent, time.monotonic() - WAITED_GRANT_MARGIN) + ttl - SINGLE_SERVER_MARGIN
             hold = Hold(owner, fence, ttl, valid_until, link if req.bind else None, type(self)._is_closed)
-            if not req.bind:
-                yield GiveBack(link)
-            yield from self._after_grant(hold)
+            try:
+                if not req.bind:
+                    yield GiveBack(link)  # asyncio: a cancellation may land here
+                yield from self._after_grant(hold)
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # Interrupted between the grant and its hand-over: no grant left behind.
+                try:
+                    yield from self._release_steps(owner, hold)
+                except Exception:  # noqa: BLE001 - best effort; the interruption goes on
+                    pass
+                raise
             return hold
 
     def _release_quietly(self, owner: bytes) -> Steps:
@@ -808,6 +854,12 @@ class LockBase:
         name, on_lost = self.name, self.on_lost
 
         def on_loss(reason: str) -> Any:
+            # The watcher sees the key; what ended the hold may be known better here: a bound
+            # hold whose connection closed (probe), or a lease that ran out (the server's
+            # expiry removes the key, which the watcher reads as a deletion).
+            hold.probe(name)
+            if reason == "deleted" and time.monotonic() >= hold.valid_until:
+                reason = "expired"
             err = LockLostError(f"the server ended the hold ({reason})", name, reason)
             hold.set_loss(err)
             if hold.claim_notice():
@@ -849,7 +901,7 @@ class LockBase:
                 "disconnected",
             )
         try:
-            yield Call(link, release_args(self.name, owner), link.default, link.default)
+            yield Call(link, release_args(self.name, owner), link.default, None)
         except GeneratorExit:
             raise
         except ResponseError as e:
@@ -901,15 +953,15 @@ class LockBase:
     # -- the watchdog --------------------------------------------------------------------------
 
     def _watchdog_steps(self, hold: Hold, owner_ref: "weakref.ref[Any]") -> Steps:
-        """Extends the lease every third of its ttl (through the watcher's connection, else a
-        connection of its own, with what is left of the lease as read timeout); a bound hold's
+        """Extends the lease every third of its ttl (through the watcher's connection, else as
+        one request on a connection of the pool taken for it alone, with what is left of the
+        lease as deadline); a bound hold's
         connection is also looked at every PROBE_INTERVAL. Reports a loss once. Never raises
         (a failure is logged)."""
         name, on_lost = self.name, self.on_lost
         del self  # the watchdog must not keep the lock object alive
         interval = None if hold.ttl is None else hold.ttl / 3
         ttl_ms_ = None if hold.ttl is None else max(1, int(hold.ttl * 1000))
-        own: List[Link] = []  # the watchdog's own connection, once it needs one
         next_extend = time.monotonic() + (interval or 0)
         try:
             while True:
@@ -927,7 +979,7 @@ class LockBase:
                 left = max(0.01, hold.valid_until - sent)
                 args = ["LOCK.EXTEND", name, hold.owner, ttl_ms_]
                 try:
-                    yield from _renew(name, args, left, own)
+                    yield from _renew(name, args, left)
                     assert hold.ttl is not None
                     hold.confirm(sent, hold.ttl)
                     next_extend = sent + interval
@@ -956,33 +1008,18 @@ class LockBase:
             raise
         except Exception:  # noqa: BLE001 - a background loop logs what ends it
             logger.exception("lock watchdog of %r failed", name)
-        finally:
-            if own:
-                yield GiveBack(own.pop())
         return None
 
 
-def _renew(name: Any, args: List[Any], timeout: float, own: List[Link]) -> Steps:
-    """``args`` over the watcher's connection, else over the watchdog's own (``own``: empty
-    until it is taken; emptied when it is abandoned)."""
+def _renew(name: Any, args: List[Any], timeout: float) -> Steps:
+    """``args`` over the watcher's connection, else as one request on a connection of the
+    pool taken for it alone (never the bound connection: a reply that came too late would be
+    left on it), within ``timeout``."""
     try:
         return (yield WatcherCall(args, timeout))
     except UNAVAILABLE:
         pass
-    if not own:
-        own.append((yield Take(name, None)))
-    try:
-        # Never the bound connection: a reply that came too late would be left on it.
-        return (yield Call(own[0], args, timeout, timeout))
-    except ResponseError:
-        raise  # the reply was read: the connection is clean
-    except GeneratorExit:
-        raise
-    except BaseException:
-        # No reply read: never back to the idle connections (the next wait would read this
-        # reply as its own grant).
-        yield Abandon(own.pop(), None)
-        raise
+    return (yield ShortRequest(name, args, time.monotonic() + timeout))
 
 
 class ReadLockBase(LockBase):

@@ -12,7 +12,6 @@ from typing import Any, Literal, Optional, Type, Union
 
 import redis.lock
 
-
 from . import _connections as conns
 from . import _core as core
 from . import _watch_sync
@@ -26,34 +25,19 @@ __all__ = ["Lock", "ReadLock", "RWLock", "Semaphore", "OnLost"]
 PROBE_INTERVAL = core.PROBE_INTERVAL
 
 
-def _connect(conn: Any, timeout: Optional[float]) -> None:
-    """Connects ``conn`` (one of ours, without retries) if it is not, the TCP connect and the
-    handshake each bounded by ``timeout``."""
-    if getattr(conn, "_sock", None) is None:
-        conn.socket_connect_timeout = timeout
-        conn.socket_timeout = timeout
-        conn.connect()
-
-
-def _pool_for(client: Any, name: Any, address: Any) -> Any:
-    if address is not None:
-        node = client.get_node(host=address[0], port=address[1])
-        if node is not None:
-            return client.get_redis_connection(node).connection_pool
-    return conns.pool_of(client, name)
-
-
 def _perform(client: Any, e: Any) -> Any:
     """Carries out one effect of the core for ``client``."""
     t = type(e)
     if t is core.Run:
         return client.execute_command(*e.args)
     if t is core.Take:
-        pool = _pool_for(client, e.name, e.address)
-        return core.Link(conns.take(pool), pool, conns.default_timeout(pool))
+        pool = conns.pool_of(client, e.name, e.address)
+        return core.Link(conns.take(pool, e.deadline, e.wait, e.queue), pool, conns.default_timeout(pool))
     if t is core.Call:
-        _connect(e.link.conn, e.connect_timeout)
+        conns.connect(e.link.conn, e.deadline)
         return conns.call(e.link.conn, e.args, e.timeout)
+    if t is core.ShortRequest:
+        return conns.request(conns.pool_of(client, e.name), e.args, e.deadline)
     if t is core.GiveBack:
         return conns.give_back(e.link.pool, e.link.conn)
     if t is core.Abandon:
