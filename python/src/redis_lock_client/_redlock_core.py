@@ -423,6 +423,14 @@ class RedlockCore:
             for i in range(self.n):
                 if granted[i]:
                     hold.handles[i] = yield Watch(i, hold)
+            if time.monotonic() >= hold.valid_until:
+                # The validity ran out while the watches were set up (a stalled process or
+                # server): never hand out a hold that is not one.
+                raise LockValidityError(
+                    "Redlock: a quorum granted the lock but its validity ran out before the acquire returned",
+                    self.name,
+                    [(self.servers[i], repr(o)) for i, o in enumerate(outcomes)],
+                )
             if self.watchdog:
                 yield StartWatchdog(hold)
         except BaseException:

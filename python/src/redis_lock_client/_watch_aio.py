@@ -82,25 +82,54 @@ class _Watcher:
         self.wakeup.set()
 
     async def call(self, args: List[Any], timeout: Optional[float]) -> Any:
-        async with self.io:
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        # The connection may be busy with a re-read out to a slow server: wait for it no longer
+        # than the caller's timeout (then the caller uses its own connections).
+        if not await _acquire(self.io, timeout):
+            raise Unavailable()
+        try:
             if self.cmd is None or self.broken or not self.core.is_up():
                 raise Unavailable()
             conn = self.cmd
+            if not _is_open(conn):
+                self._mark_broken()  # redis-py closed it: never let it connect again untracked
+                raise Unavailable()
             try:
                 await conn.send_command(*args)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    return await asyncio.wait_for(conn.read_response(), timeout)
+                    return await asyncio.wait_for(conn.read_response(), left)
                 except asyncio.TimeoutError:
                     raise TimeoutError(f"no reply from the watcher's connection within {timeout} s") from None
-            except (ConnectionError, TimeoutError, OSError):
+            except ResponseError:
+                raise  # a whole reply was read: the connection is in step
+            except BaseException:
+                # A timeout, a cancellation (``wait_for`` around an extend, a release stopping
+                # its watchdog), a failure: the reply may still come, and redis-py (which closed
+                # the connection) would connect it again without tracking. The task sets both
+                # connections up again and re-reads every key.
                 self._mark_broken()
                 raise
+        finally:
+            self.io.release()
 
     # -- the task -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
         try:
-            await self._loop()
+            while True:
+                try:
+                    await self._loop()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - logged; keys are watched: connect again
+                    logger.exception(
+                        "redis-lock loss watcher for %s: unexpected error; setting its connections up again",
+                        self.ident[1:3],
+                    )
+                    await self._close()
+                    await self._sleep(self.core.disconnected())
         except asyncio.CancelledError:
             raise
         except BaseException:  # noqa: BLE001 - logged, never silent; the watcher is dropped
@@ -193,14 +222,16 @@ class _Watcher:
             if c is not None:
                 try:
                     await c.disconnect()
-                except (RedisError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - closing: what failed is dropped anyway
                     logger.debug("redis-lock watcher: closing a connection: %s", e)
 
     def _check_alive(self) -> None:
         """An idle command connection closed by the server (a kill, a restart) is noticed from
         its stream reader's end-of-file, without reading or sending anything."""
+        if self.cmd is None or self.io.locked():
+            return
         reader = getattr(self.cmd, "_reader", None)
-        if not self.io.locked() and reader is not None and reader.at_eof():
+        if reader is None or reader.at_eof():
             logger.debug("redis-lock watcher: command connection to %s closed by the server", self.ident[1:3])
             self.broken = True
 
@@ -208,9 +239,12 @@ class _Watcher:
         requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
         replies: List[Tuple[Any, Optional[BaseException]]] = []
         failed = False
+        unexpected: Optional[BaseException] = None
         async with self.io:
             conn = self.cmd
-            if conn is None:
+            if conn is None or self.broken or not _is_open(conn):
+                # Given up by a cancelled ``call`` (or closed by redis-py): redis-py would
+                # connect it again, without tracking. The loop sets both connections up again.
                 failed = True
             else:
                 try:
@@ -220,14 +254,37 @@ class _Watcher:
                             replies.append((await conn.read_response(), None))
                         except ResponseError as e:
                             replies.append((None, e))
-                except (ConnectionError, TimeoutError, OSError) as e:
-                    logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
+                except BaseException as e:
+                    logger.debug("redis-lock watcher: command connection to %s lost: %r", self.ident[1:3], e)
                     failed = True
+                    self._mark_broken()
+                    if not isinstance(e, (ConnectionError, TimeoutError, OSError)):
+                        unexpected = e  # a cancellation of this task, or a bug: raised below
         reconnect, lost = self.core.answered(plan, replies, failed)
         if reconnect:
             self.broken = True
+        if unexpected is not None:
+            raise unexpected
         for reg, reason in lost:
             await _report(reg, reason)
+
+
+def _is_open(conn: Any) -> bool:
+    """Whether redis-py's connection ``conn`` is connected (redis-py connects a closed one
+    again by itself at the next command: for the watcher, without tracking)."""
+    return getattr(conn, "_reader", None) is not None and getattr(conn, "_writer", None) is not None
+
+
+async def _acquire(lock: asyncio.Lock, timeout: Optional[float]) -> bool:
+    """Takes ``lock`` within ``timeout`` seconds (None: no bound); False when it did not."""
+    if timeout is None or not lock.locked():
+        await lock.acquire()  # (a free lock is taken at once)
+        return True
+    try:
+        await asyncio.wait_for(lock.acquire(), max(0.0, timeout))
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 async def _report(reg: core.Registration, reason: str) -> None:
