@@ -5,18 +5,23 @@ failover, bound connection killed) is noticed within milliseconds; ``on_loss(rea
 called once, from the watcher's task (a coroutine function's result is awaited), with a short
 reason ("deleted", "expired", "taken", "overwritten"). ``call`` runs one command over the
 watcher's own connection to the server, so that the watchdog's renewals do not wake the watcher
-(the server does not tell a tracking client about its own writes). Both return None / raise
-``Unavailable`` when there is no watcher for this client (a cluster, a server that refuses
-tracking or the invalidation channel, no running event loop): callers carry on without it.
+(the server does not tell a tracking client about its own writes). ``watch`` returns None and
+``call`` raises ``Unavailable`` when there is no watcher for this client (a cluster, a server
+known to refuse tracking or the invalidation channel, no running event loop); ``call`` also
+raises it while the watcher is not connected, or when its connection stays busy beyond the
+call's timeout: callers carry on without it.
 
 One watcher per server and event loop: a task with two connections of its own (not taken from
-the user's pool; made from the pool's connection arguments, so TLS, auth, db and username are
-the user's): a RESP2 connection subscribed to ``__redis__:invalidate`` (read by a second task)
-and a command connection with ``CLIENT TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at
-the first ``watch`` and ends once nothing was watched for ``IDLE_STOP`` seconds, or with its
-loop. ``watch`` cannot wait for the first connection (it is not a coroutine): a server found
-to refuse tracking afterwards leaves that first handle inert (logged once), and later
-``watch`` calls return None.
+the user's pool nor counted in its limit; made from the pool's connection arguments, so TLS,
+auth, db and username are the user's; named ``<client_name>:lock-watcher``, or
+``redis-lock-watcher`` when the pool sets no name): a RESP2 connection subscribed to
+``__redis__:invalidate`` (read by a second task) and a command connection with ``CLIENT
+TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at the first ``watch`` and ends once nothing
+was watched for ``IDLE_STOP`` seconds, or with its loop. ``watch`` never waits for the first
+connection: a server found to refuse tracking afterwards leaves the handles made before inert
+(logged once), and later ``watch`` calls return None. A ``call`` given up before its reply came
+(timeout, cancellation) drops the command connection: the task sets both up again, registers
+and re-reads every key; so does an unexpected error in the task (logged, with a backoff).
 """
 
 from __future__ import annotations

@@ -5,16 +5,25 @@ failover, bound connection killed) is noticed within milliseconds; ``on_loss(rea
 called once, from the watcher's thread, with a short reason ("deleted", "expired", "taken",
 "overwritten"). ``call`` runs one command over the watcher's own connection to the server, so
 that the watchdog's renewals do not wake the watcher (the server does not tell a tracking
-client about its own writes). Both return None / raise ``Unavailable`` when there is no watcher
-for this client (a cluster, a server that refuses tracking or the invalidation channel):
-callers carry on without it.
+client about its own writes). ``watch`` returns None and ``call`` raises ``Unavailable`` when
+there is no watcher for this client (a cluster, a server known to refuse tracking or the
+invalidation channel); ``call`` also raises it while the watcher is not connected, or when its
+connection stays busy beyond the call's timeout: callers carry on without it.
+
+``watch`` never waits for I/O (it runs right after a grant): it registers and returns, and the
+watcher connects in the background. A server found then to refuse tracking is logged once;
+the handles made before are inert and later ``watch`` calls return None.
 
 One watcher per server and process: a daemon thread with two connections of its own (not taken
-from the user's pool; made from the pool's connection arguments, so TLS, auth, db and username
-are the user's): a RESP2 connection subscribed to ``__redis__:invalidate`` and a command
-connection with ``CLIENT TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at the first
-``watch`` and ends once nothing was watched for ``IDLE_STOP`` seconds. A forked child starts
-its own.
+from the user's pool nor counted in its limit; made from the pool's connection arguments, so
+TLS, auth, db and username are the user's; named ``<client_name>:lock-watcher``, or
+``redis-lock-watcher`` when the pool sets no name): a RESP2 connection subscribed to
+``__redis__:invalidate`` and a command connection with ``CLIENT TRACKING on REDIRECT ... BCAST
+NOLOOP``. It starts at the first ``watch`` and ends once nothing was watched for ``IDLE_STOP``
+seconds. A ``call`` given up before its reply came (timeout, interrupt) drops the command
+connection: the thread sets both connections up again, registers and re-reads every key. An
+unexpected error in the thread is logged and handled the same way (with a backoff). A forked
+child starts its own.
 """
 
 from __future__ import annotations
