@@ -282,11 +282,12 @@ def _is_open(conn: Any) -> bool:
 
 async def _acquire(lock: asyncio.Lock, timeout: Optional[float]) -> bool:
     """Takes ``lock`` within ``timeout`` seconds (None: no bound); False when it did not."""
-    if timeout is None or not lock.locked():
-        await lock.acquire()  # (a free lock is taken at once)
+    if timeout is None:
+        await lock.acquire()
         return True
     try:
-        await asyncio.wait_for(lock.acquire(), max(0.0, timeout))
+        # (Not 0: ``wait_for`` with 0 gives up even on a free lock before Python 3.12.)
+        await asyncio.wait_for(lock.acquire(), max(0.001, timeout))
     except asyncio.TimeoutError:
         return False
     return True
