@@ -13,14 +13,17 @@ to it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import resource
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import redis
@@ -160,9 +163,42 @@ def acquire(c: "redis.Redis[bytes]", key: str, ttl_ms: int = 30000, owner: bytes
 
 
 def watched(f: Face, key: str, owner: bytes = OWNER) -> Tuple[Any, Noticed]:
+    """Watches ``key`` and waits until the watcher is connected (``watch`` itself never waits
+    for I/O): the latency bounds are those of a connected watcher."""
     handle, n = f.watch(key, owner)
     assert handle is not None, "watch() returned no handle: no watcher"
+    kit.wait_for(lambda: watcher_up(f), what="the watcher connected")
     return handle, n
+
+
+def watcher_of(f: Face) -> Any:
+    server = core.server_of(f.client)
+    assert server is not None
+    if f.name == "sync":
+        return ws._reg().watchers.get(server[0])
+    return wa._watchers(f.loop).get(server[0])
+
+
+def watcher_up(f: Face) -> bool:
+    """Whether the face's watcher is connected now (seen without a command)."""
+    w = watcher_of(f)
+    return w is not None and w.cmd is not None and not w.broken and w.core.is_up()
+
+
+def call_when_up(f: Face, args: List[Any], timeout: float = 10.0) -> Any:
+    """``f.call(args)`` once the watcher takes calls again (``Unavailable`` while it sets its
+    connections up)."""
+    out: List[Any] = []
+
+    def attempt() -> bool:
+        try:
+            out.append(f.call(args))
+            return True
+        except (ws.Unavailable, wa.Unavailable):
+            return False
+
+    kit.wait_for(attempt, timeout, what=f"a call of {args} through the watcher")
+    return out[0]
 
 
 def poll_gone(c: "redis.Redis[bytes]", key: str, timeout: float = 10.0) -> float:
@@ -810,12 +846,10 @@ def test_acl_without_tracking_gives_no_watcher(face_kind: str, refused: str, ser
     try:
         acquire(r, "acl")
         handle, n = f.watch("acl")
-        if face_kind == "asyncio" and handle is not None:
-            # The asyncio watch cannot wait for the first connection: that handle is inert,
-            # and the refusal is remembered.
+        if handle is not None:
+            # ``watch`` never waits for the first connection: that handle is inert, and the
+            # refusal is remembered.
             kit.wait_for(lambda: f.watch("acl")[0] is None, what="the refusal remembered")
-        else:
-            assert handle is None
         with pytest.raises((ws.Unavailable, wa.Unavailable)):
             f.call(["PING"])
         h2, n2 = watched(ok, "acl")
@@ -842,3 +876,201 @@ def test_a_cluster_gives_no_watcher_a_single_server_one(cluster: kit.Cluster, se
     r.delete("single")
     assert n.wait() and n.reasons == ["deleted"]
     ws.unwatch(h)
+
+
+# ----------------------------------------------------------------------------------------------
+# Calls given up, descriptors, stalls, names (the review of the watcher)
+
+
+def _give_up_a_call(f: Face, how: str) -> None:
+    """A ``call`` whose reply (BLPOP's, after 1 s) comes only after the caller gave up: its
+    timeout, an interrupt (sync: KeyboardInterrupt from a signal handler) or a cancellation
+    (asyncio: ``wait_for`` around it, as around a Redlock's extend)."""
+    args = ["BLPOP", "no-list", "1"]
+    if how == "timeout":
+        with pytest.raises(redis.exceptions.TimeoutError):
+            f.call(args, 0.2)
+    elif f.name == "sync":
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                f.call(args, 2.0)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    else:
+
+        async def cancelled() -> None:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(wa.call(f.client, args, 2.0), 0.1)
+
+        f.run(cancelled())
+
+
+@pytest.mark.parametrize("how", ["timeout", "interrupted"])
+def test_a_call_given_up_leaves_the_watcher_in_step(face: Face, how: str, server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """A call given up before its reply came (timeout, KeyboardInterrupt, cancellation) must
+    not leave that reply to be read as the next one's: no false loss of a held lock, the next
+    call gets its own reply, tracking stays on (a change is still noticed)."""
+    acquire(r, "g1", 60000, b"o1")
+    acquire(r, "g2", 60000, b"o2")
+    h1, n1 = watched(face, "g1", b"o1")
+    h2, n2 = watched(face, "g2", b"o2")
+    waiters = [redis.Redis(host="127.0.0.1", port=server.port) for _ in range(2)]
+    # While the call is out, others queue on both locks: invalidations, re-reads that wait
+    # for the call's connection, and no loss.
+    threads = [
+        threading.Timer(0.05, _try, args=(c.execute_command, "LOCK.ACQUIRE", key, b"w", 60000, "WAIT", 1000))
+        for c, key in zip(waiters, ("g1", "g2"))
+    ]
+    try:
+        for t in threads:
+            t.start()
+        _give_up_a_call(face, how)
+        time.sleep(1.5)  # the late BLPOP reply came meanwhile; the waiters gave up
+        for t in threads:
+            t.join(10)
+        assert not n1.event.is_set() and not n2.event.is_set(), (n1.reasons, n2.reasons)
+        assert call_when_up(face, ["PING"]) == b"PONG"
+        info = call_when_up(face, ["CLIENT", "TRACKINGINFO"])
+        assert b"on" in info[1], info
+        t0 = time.monotonic()
+        r.delete("g2")
+        assert n2.after(t0) is not None and n2.reasons == ["deleted"]
+        assert not n1.event.is_set()
+    finally:
+        face.unwatch(h1)
+        face.unwatch(h2)
+        for c in waiters:
+            c.close()
+
+
+def _try(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except redis.RedisError:
+        pass  # a waiter that timed out: nothing to see
+
+
+def test_a_watcher_in_a_process_with_many_descriptors(server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """The watcher's sockets numbered above 1024 (a busy process): ``select.select`` cannot
+    wait on them; the watcher must (and a loss is still noticed)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit on descriptors is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    hog = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    f = SyncFace(server.port, db=5)  # a watcher of its own (started now: high descriptors)
+    c5 = redis.Redis(host="127.0.0.1", port=server.port, db=5)
+    try:
+        acquire(c5, "fd")
+        h, n = watched(f, "fd")
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        c5.delete("fd")
+        assert n.after(t0) is not None and n.reasons == ["deleted"]
+        f.unwatch(h)
+    finally:
+        for fd in hog:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        c5.close()
+        f.close()
+
+
+def test_an_unexpected_error_in_the_watcher_reconnects(face: Face, r: "redis.Redis[bytes]", monkeypatch: Any, caplog: Any) -> None:
+    """A bug in the watcher's loop (here: one turn raises) is logged, and the watcher sets its
+    connections up again and re-reads: a loss is still noticed, never a silent end."""
+    acquire(r, "bug")
+    h, n = watched(face, "bug")
+    real_step = core.Watcher.step
+    failures = [1]
+
+    def step(self: core.Watcher, messages: Any, now: float) -> core.Plan:
+        if failures:
+            failures.pop()
+            raise RuntimeError("a bug in the watcher")
+        return real_step(self, messages, now)
+
+    with caplog.at_level(logging.ERROR):
+        monkeypatch.setattr(core.Watcher, "step", step)
+        kit.wait_for(lambda: not failures, what="the injected failure")
+        t0 = time.monotonic()
+        r.delete("bug")
+        assert n.after(t0) is not None and n.reasons == ["deleted"]
+    assert any("a bug in the watcher" in (rec.exc_text or "") or rec.exc_info for rec in caplog.records)
+    face.unwatch(h)
+
+
+def test_a_call_waits_for_a_busy_watcher_no_longer_than_its_timeout(face: Face, server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """The watcher's connection busy with a re-read out to a stalled server: ``call(timeout)``
+    gives up within about its timeout (``Unavailable``: the caller uses its own connections)."""
+    acquire(r, "busy1")
+    acquire(r, "busy2")
+    h1, _ = watched(face, "busy1")
+    server.pause()
+    try:
+        h2, _ = face.watch("busy2")  # a re-read goes out: the watcher waits for the stalled server
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with pytest.raises((ws.Unavailable, wa.Unavailable)):
+            face.call(["LOCK.EXTEND", "busy1", OWNER, 60000], 0.1)
+        took = time.monotonic() - t0
+        assert took < 1.0, f"call(timeout=0.1) gave up after {took:.2f} s"
+    finally:
+        server.resume()
+    face.unwatch(h1)
+    face.unwatch(h2)
+
+
+def test_watch_never_waits_for_the_server(face_kind: str, server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """``watch`` runs right after a grant: it registers and returns, the watcher connects in
+    the background (here: to a stalled server, later resumed) and then notices a loss."""
+    acquire(r, "nowait")
+    f = make_face(face_kind, server.port, db=6)  # a watcher of its own: the first watch
+    c6 = redis.Redis(host="127.0.0.1", port=server.port, db=6)
+    try:
+        acquire(c6, "nowait")
+        server.pause()
+        try:
+            t0 = time.monotonic()
+            h, n = f.watch("nowait")
+            took = time.monotonic() - t0
+        finally:
+            server.resume()
+        assert h is not None
+        assert took < 0.5, f"watch() took {took:.2f} s"
+        kit.wait_for(lambda: watcher_up(f), 15, what="the watcher connected")
+        c6.delete("nowait")
+        assert n.wait() and n.reasons == ["deleted"]
+        f.unwatch(h)
+    finally:
+        c6.close()
+        f.close()
+
+
+@pytest.mark.parametrize("client_name", [None, "shop-api"])
+def test_the_watchers_connections_have_their_own_name(face_kind: str, client_name: Optional[str], server: kit.Server, r: "redis.Redis[bytes]") -> None:
+    """Two connections per server and process, outside the pool, named apart from the pool's:
+    ``<client_name>:lock-watcher``, or ``redis-lock-watcher`` when the pool sets no name."""
+    # A database of its own: a watcher of its own (others of this process may be open still).
+    kw: Dict[str, Any] = {"db": (7 if client_name else 8) + (2 if face_kind == "asyncio" else 0)}
+    if client_name:
+        kw["client_name"] = client_name
+    f = make_face(face_kind, server.port, **kw)
+    try:
+        acquire(r, "named")  # (db 0; the watch only needs a key to register)
+        h, _ = watched(f, "named")
+        want = f"{client_name}:lock-watcher" if client_name else "redis-lock-watcher"
+        names = [c["name"] for c in r.client_list() if c["db"] == str(kw["db"])]
+        assert names.count(want) == 2, names
+        if client_name:
+            assert client_name not in names, names  # the pool's own: none open now
+        f.unwatch(h)
+    finally:
+        f.close()

@@ -423,6 +423,14 @@ class RedlockCore:
             for i in range(self.n):
                 if granted[i]:
                     hold.handles[i] = yield Watch(i, hold)
+            if time.monotonic() >= hold.valid_until:
+                # The validity ran out while the watches were set up (a stalled process or
+                # server): never hand out a hold that is not one.
+                raise LockValidityError(
+                    "Redlock: a quorum granted the lock but its validity ran out before the acquire returned",
+                    self.name,
+                    [(self.servers[i], repr(o)) for i, o in enumerate(outcomes)],
+                )
             if self.watchdog:
                 yield StartWatchdog(hold)
         except BaseException:
@@ -595,6 +603,16 @@ class RedlockCore:
         link = hold.links[i]
         return link is not None and not self.closed(link)
 
+    def _why_not(self, hold: Hold, i: int) -> str:
+        """Why server ``i`` no longer holds it: a bound connection seen closed is the cause
+        (the watcher's report of the same release, "deleted" or "expired", only follows it),
+        else the watcher's reason."""
+        if hold.links is not None:
+            link = hold.links[i]
+            if link is None or self.closed(link):
+                return "disconnected"
+        return hold.down[i] or "disconnected"
+
     def loss(self, hold: Hold) -> Optional[LockLostError]:
         """The hold's loss, judged now: fewer than a quorum of servers still hold it (the
         watcher's reports, bound connections closed), or the validity ran out."""
@@ -605,10 +623,10 @@ class RedlockCore:
             why: List[str] = []
             for i in range(self.n):
                 if hold.granted[i] and not holding[i]:
-                    why.append(hold.down[i] or "disconnected")
+                    why.append(self._why_not(hold, i))
             reason = max(why, key=why.count) if why else "notowner"
             detail = ", ".join(
-                f"[{self.servers[i]}: {hold.down[i] or 'disconnected'}]"
+                f"[{self.servers[i]}: {self._why_not(hold, i)}]"
                 for i in range(self.n)
                 if hold.granted[i] and not holding[i]
             )

@@ -5,18 +5,23 @@ failover, bound connection killed) is noticed within milliseconds; ``on_loss(rea
 called once, from the watcher's task (a coroutine function's result is awaited), with a short
 reason ("deleted", "expired", "taken", "overwritten"). ``call`` runs one command over the
 watcher's own connection to the server, so that the watchdog's renewals do not wake the watcher
-(the server does not tell a tracking client about its own writes). Both return None / raise
-``Unavailable`` when there is no watcher for this client (a cluster, a server that refuses
-tracking or the invalidation channel, no running event loop): callers carry on without it.
+(the server does not tell a tracking client about its own writes). ``watch`` returns None and
+``call`` raises ``Unavailable`` when there is no watcher for this client (a cluster, a server
+known to refuse tracking or the invalidation channel, no running event loop); ``call`` also
+raises it while the watcher is not connected, or when its connection stays busy beyond the
+call's timeout: callers carry on without it.
 
 One watcher per server and event loop: a task with two connections of its own (not taken from
-the user's pool; made from the pool's connection arguments, so TLS, auth, db and username are
-the user's): a RESP2 connection subscribed to ``__redis__:invalidate`` (read by a second task)
-and a command connection with ``CLIENT TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at
-the first ``watch`` and ends once nothing was watched for ``IDLE_STOP`` seconds, or with its
-loop. ``watch`` cannot wait for the first connection (it is not a coroutine): a server found
-to refuse tracking afterwards leaves that first handle inert (logged once), and later
-``watch`` calls return None.
+the user's pool nor counted in its limit; made from the pool's connection arguments, so TLS,
+auth, db and username are the user's; named ``<client_name>:lock-watcher``, or
+``redis-lock-watcher`` when the pool sets no name): a RESP2 connection subscribed to
+``__redis__:invalidate`` (read by a second task) and a command connection with ``CLIENT
+TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at the first ``watch`` and ends once nothing
+was watched for ``IDLE_STOP`` seconds, or with its loop. ``watch`` never waits for the first
+connection: a server found to refuse tracking afterwards leaves the handles made before inert
+(logged once), and later ``watch`` calls return None. A ``call`` given up before its reply came
+(timeout, cancellation) drops the command connection: the task sets both up again, registers
+and re-reads every key; so does an unexpected error in the task (logged, with a backoff).
 """
 
 from __future__ import annotations
@@ -82,25 +87,54 @@ class _Watcher:
         self.wakeup.set()
 
     async def call(self, args: List[Any], timeout: Optional[float]) -> Any:
-        async with self.io:
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        # The connection may be busy with a re-read out to a slow server: wait for it no longer
+        # than the caller's timeout (then the caller uses its own connections).
+        if not await _acquire(self.io, timeout):
+            raise Unavailable()
+        try:
             if self.cmd is None or self.broken or not self.core.is_up():
                 raise Unavailable()
             conn = self.cmd
+            if not _is_open(conn):
+                self._mark_broken()  # redis-py closed it: never let it connect again untracked
+                raise Unavailable()
             try:
                 await conn.send_command(*args)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    return await asyncio.wait_for(conn.read_response(), timeout)
+                    return await asyncio.wait_for(conn.read_response(), left)
                 except asyncio.TimeoutError:
                     raise TimeoutError(f"no reply from the watcher's connection within {timeout} s") from None
-            except (ConnectionError, TimeoutError, OSError):
+            except ResponseError:
+                raise  # a whole reply was read: the connection is in step
+            except BaseException:
+                # A timeout, a cancellation (``wait_for`` around an extend, a release stopping
+                # its watchdog), a failure: the reply may still come, and redis-py (which closed
+                # the connection) would connect it again without tracking. The task sets both
+                # connections up again and re-reads every key.
                 self._mark_broken()
                 raise
+        finally:
+            self.io.release()
 
     # -- the task -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
         try:
-            await self._loop()
+            while True:
+                try:
+                    await self._loop()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - logged; keys are watched: connect again
+                    logger.exception(
+                        "redis-lock loss watcher for %s: unexpected error; setting its connections up again",
+                        self.ident[1:3],
+                    )
+                    await self._close()
+                    await self._sleep(self.core.disconnected())
         except asyncio.CancelledError:
             raise
         except BaseException:  # noqa: BLE001 - logged, never silent; the watcher is dropped
@@ -193,14 +227,16 @@ class _Watcher:
             if c is not None:
                 try:
                     await c.disconnect()
-                except (RedisError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - closing: what failed is dropped anyway
                     logger.debug("redis-lock watcher: closing a connection: %s", e)
 
     def _check_alive(self) -> None:
         """An idle command connection closed by the server (a kill, a restart) is noticed from
         its stream reader's end-of-file, without reading or sending anything."""
+        if self.cmd is None or self.io.locked():
+            return
         reader = getattr(self.cmd, "_reader", None)
-        if not self.io.locked() and reader is not None and reader.at_eof():
+        if reader is None or reader.at_eof():
             logger.debug("redis-lock watcher: command connection to %s closed by the server", self.ident[1:3])
             self.broken = True
 
@@ -208,9 +244,12 @@ class _Watcher:
         requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
         replies: List[Tuple[Any, Optional[BaseException]]] = []
         failed = False
+        unexpected: Optional[BaseException] = None
         async with self.io:
             conn = self.cmd
-            if conn is None:
+            if conn is None or self.broken or not _is_open(conn):
+                # Given up by a cancelled ``call`` (or closed by redis-py): redis-py would
+                # connect it again, without tracking. The loop sets both connections up again.
                 failed = True
             else:
                 try:
@@ -220,14 +259,38 @@ class _Watcher:
                             replies.append((await conn.read_response(), None))
                         except ResponseError as e:
                             replies.append((None, e))
-                except (ConnectionError, TimeoutError, OSError) as e:
-                    logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
+                except BaseException as e:
+                    logger.debug("redis-lock watcher: command connection to %s lost: %r", self.ident[1:3], e)
                     failed = True
+                    self._mark_broken()
+                    if not isinstance(e, (ConnectionError, TimeoutError, OSError)):
+                        unexpected = e  # a cancellation of this task, or a bug: raised below
         reconnect, lost = self.core.answered(plan, replies, failed)
         if reconnect:
             self.broken = True
+        if unexpected is not None:
+            raise unexpected
         for reg, reason in lost:
             await _report(reg, reason)
+
+
+def _is_open(conn: Any) -> bool:
+    """Whether redis-py's connection ``conn`` is connected (redis-py connects a closed one
+    again by itself at the next command: for the watcher, without tracking)."""
+    return getattr(conn, "_reader", None) is not None and getattr(conn, "_writer", None) is not None
+
+
+async def _acquire(lock: asyncio.Lock, timeout: Optional[float]) -> bool:
+    """Takes ``lock`` within ``timeout`` seconds (None: no bound); False when it did not."""
+    if timeout is None:
+        await lock.acquire()
+        return True
+    try:
+        # (Not 0: ``wait_for`` with 0 gives up even on a free lock before Python 3.12.)
+        await asyncio.wait_for(lock.acquire(), max(0.001, timeout))
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 async def _report(reg: core.Registration, reason: str) -> None:

@@ -85,10 +85,28 @@ def server_ident(cls: type, kwargs: Dict[str, Any], pool: Any) -> Tuple[Any, ...
     return (cls, kwargs.get("host"), kwargs.get("port") or kwargs.get("path"), fields, follows)
 
 
+#: The name (``CLIENT SETNAME``) of the watcher's connections when the user's pool sets none;
+#: with a ``client_name``, theirs is that name with ``WATCHER_NAME_SUFFIX``.
+WATCHER_NAME = "redis-lock-watcher"
+WATCHER_NAME_SUFFIX = ":lock-watcher"
+
+
+def watcher_name(client_name: Any) -> str:
+    """The name of the watcher's connections, so that ``CLIENT LIST`` tells them from the
+    pool's: the user's ``client_name`` + ``":lock-watcher"``, or ``"redis-lock-watcher"``."""
+    if isinstance(client_name, (bytes, bytearray)):
+        client_name = bytes(client_name).decode("utf-8", "replace")
+    if not client_name:
+        return WATCHER_NAME
+    return f"{client_name}{WATCHER_NAME_SUFFIX}"
+
+
 def watcher_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """The watcher's connection arguments from the user's pool's: RESP2 (invalidations come as
-    Pub/Sub messages), undecoded replies, no retries, no health-check pings, a read timeout."""
+    Pub/Sub messages), undecoded replies, no retries, no health-check pings, a read timeout,
+    a name of their own (``watcher_name``)."""
     out = dedicated_kwargs(kwargs, IO_TIMEOUT)
+    out["client_name"] = watcher_name(kwargs.get("client_name"))
     out["protocol"] = 2
     out["decode_responses"] = False
     out["health_check_interval"] = 0

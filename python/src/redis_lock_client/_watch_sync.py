@@ -5,23 +5,32 @@ failover, bound connection killed) is noticed within milliseconds; ``on_loss(rea
 called once, from the watcher's thread, with a short reason ("deleted", "expired", "taken",
 "overwritten"). ``call`` runs one command over the watcher's own connection to the server, so
 that the watchdog's renewals do not wake the watcher (the server does not tell a tracking
-client about its own writes). Both return None / raise ``Unavailable`` when there is no watcher
-for this client (a cluster, a server that refuses tracking or the invalidation channel):
-callers carry on without it.
+client about its own writes). ``watch`` returns None and ``call`` raises ``Unavailable`` when
+there is no watcher for this client (a cluster, a server known to refuse tracking or the
+invalidation channel); ``call`` also raises it while the watcher is not connected, or when its
+connection stays busy beyond the call's timeout: callers carry on without it.
+
+``watch`` never waits for I/O (it runs right after a grant): it registers and returns, and the
+watcher connects in the background. A server found then to refuse tracking is logged once;
+the handles made before are inert and later ``watch`` calls return None.
 
 One watcher per server and process: a daemon thread with two connections of its own (not taken
-from the user's pool; made from the pool's connection arguments, so TLS, auth, db and username
-are the user's): a RESP2 connection subscribed to ``__redis__:invalidate`` and a command
-connection with ``CLIENT TRACKING on REDIRECT ... BCAST NOLOOP``. It starts at the first
-``watch`` and ends once nothing was watched for ``IDLE_STOP`` seconds. A forked child starts
-its own.
+from the user's pool nor counted in its limit; made from the pool's connection arguments, so
+TLS, auth, db and username are the user's; named ``<client_name>:lock-watcher``, or
+``redis-lock-watcher`` when the pool sets no name): a RESP2 connection subscribed to
+``__redis__:invalidate`` and a command connection with ``CLIENT TRACKING on REDIRECT ... BCAST
+NOLOOP``. It starts at the first ``watch`` and ends once nothing was watched for ``IDLE_STOP``
+seconds. A ``call`` given up before its reply came (timeout, interrupt) drops the command
+connection: the thread sets both connections up again, registers and re-reads every key. An
+unexpected error in the thread is logged and handled the same way (with a backoff). A forked
+child starts its own.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import select
+import selectors
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -32,11 +41,6 @@ from . import _watch_core as core
 from ._common import to_bytes
 
 logger = logging.getLogger(__name__)
-
-#: How long the first ``watch`` for a server waits for the watcher's first connection, so that
-#: a server refusing tracking makes ``watch`` return None rather than an inert handle.
-FIRST_CONNECT_WAIT = 2.0
-
 
 #: The same classes for both faces (an ``except Unavailable`` of either catches both).
 Unavailable = core.Unavailable
@@ -82,7 +86,6 @@ class _Watcher:
         self.cmd: Any = None
         self.push: Any = None
         self.broken = False
-        self.first_attempt = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -105,18 +108,42 @@ class _Watcher:
             self.wake()
 
     def call(self, args: List[Any], timeout: Optional[float]) -> Any:
-        with self.io:
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        # The connection may be busy with a re-read out to a slow server: wait for it no longer
+        # than the caller's timeout (then the caller uses its own connections).
+        if not self.io.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise Unavailable()
+        try:
             if self.cmd is None or self.broken or not self.core.is_up():
                 raise Unavailable()
             conn = self.cmd
+            if not _is_open(conn):
+                self._break(conn)  # redis-py closed it: never let it connect again untracked
+                raise Unavailable()
             try:
                 conn.send_command(*args)
-                if not conn.can_read(timeout):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not conn.can_read(left):
                     raise TimeoutError(f"no reply from the watcher's connection within {timeout} s")
                 return conn.read_response()
-            except (ConnectionError, TimeoutError, OSError):
-                self._mark_broken()
+            except ResponseError:
+                raise  # a whole reply was read: the connection is in step
+            except BaseException:
+                # A timeout, an interrupt (KeyboardInterrupt from a signal handler), a failure:
+                # the reply may still come and would be taken for the next request's. The
+                # connection is dropped; the watcher sets both up again and re-reads every key.
+                self._break(conn)
                 raise
+        finally:
+            self.io.release()
+
+    def _break(self, conn: Any) -> None:
+        """Drops the command connection ``conn`` (the io lock is held)."""
+        try:
+            conn.disconnect()
+        except Exception as e:  # noqa: BLE001 - closing a connection that failed anyway
+            logger.debug("redis-lock watcher: closing a connection: %s", e)
+        self._mark_broken()
 
     def _mark_broken(self) -> None:
         self.broken = True
@@ -126,7 +153,19 @@ class _Watcher:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            while True:
+                try:
+                    self._loop()
+                    return
+                except Exception:  # noqa: BLE001 - logged; keys are watched: connect again
+                    logger.exception(
+                        "redis-lock loss watcher for %s: unexpected error; setting its connections up again",
+                        self.ident[1:3],
+                    )
+                    self._close()
+                    with self.mu:
+                        delay = self.core.disconnected()
+                    self._sleep(delay)
         except BaseException:  # noqa: BLE001 - logged, never silent; the watcher is dropped
             logger.exception("redis-lock loss watcher for %s ended by an error", self.ident[1:3])
         finally:
@@ -138,7 +177,6 @@ class _Watcher:
                 os.close(self.wake_r)
                 os.close(self.wake_w)
                 self.wake_w = -1
-            self.first_attempt.set()
 
     def _loop(self) -> None:
         while True:
@@ -168,12 +206,10 @@ class _Watcher:
                             self.core.refused = str(e)
                         delay = self.core.disconnected()
                     self._close()
-                    self.first_attempt.set()
                     logger.debug("redis-lock watcher: cannot connect to %s: %s", self.ident[1:3], e)
                     if not refused:
                         self._sleep(delay)
                     continue
-                self.first_attempt.set()
             with self.mu:
                 timeout = core.wait_timeout(self.core, time.monotonic())
             messages = self._wait(timeout)
@@ -185,7 +221,7 @@ class _Watcher:
                 self._check_alive()
 
     def _sleep(self, delay: float) -> None:
-        select.select([self.wake_r], [], [], delay)
+        _wait_readable([self.wake_r], delay)
         self._drain_wake()
 
     def _drain_wake(self) -> None:
@@ -220,7 +256,7 @@ class _Watcher:
             if c is not None:
                 try:
                     c.disconnect()
-                except (RedisError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - closing: what failed is dropped anyway
                     logger.debug("redis-lock watcher: closing a connection: %s", e)
 
     def _wait(self, timeout: float) -> List[Any]:
@@ -228,11 +264,11 @@ class _Watcher:
         push = self.push
         out: List[Any] = []
         try:
+            sock = getattr(push, "_sock", None)
+            if sock is None:  # (``can_read`` would connect it again, unsubscribed)
+                raise ConnectionError("the watcher's push connection is closed")
             if not push.can_read(0):
-                sock = getattr(push, "_sock", None)
-                if sock is None:
-                    raise ConnectionError("the watcher's push connection is closed")
-                select.select([sock, self.wake_r], [], [], timeout)
+                _wait_readable([sock, self.wake_r], timeout)
                 self._drain_wake()
             while push.can_read(0):
                 out.append(push.read_response())
@@ -247,6 +283,8 @@ class _Watcher:
         if not self.io.acquire(blocking=False):
             return
         try:
+            if self.cmd is not None and not _is_open(self.cmd):
+                raise ConnectionError("the watcher's command connection is closed")
             if self.cmd is not None and self.cmd.can_read(0):
                 raise ConnectionError("unexpected data on the watcher's command connection")
         except (RedisError, OSError) as e:
@@ -261,9 +299,12 @@ class _Watcher:
         requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
         replies: List[Tuple[Any, Optional[BaseException]]] = []
         failed = False
+        unexpected: Optional[BaseException] = None
         with self.io:
             conn = self.cmd
-            if conn is None:
+            if conn is None or self.broken or not _is_open(conn):
+                # Dropped by ``call`` (or closed by redis-py): redis-py would connect it again,
+                # without tracking. The loop sets both connections up again.
                 failed = True
             else:
                 try:
@@ -273,15 +314,35 @@ class _Watcher:
                             replies.append((conn.read_response(), None))
                         except ResponseError as e:
                             replies.append((None, e))
-                except (ConnectionError, TimeoutError, OSError) as e:
+                except BaseException as e:
                     logger.debug("redis-lock watcher: command connection to %s lost: %s", self.ident[1:3], e)
                     failed = True
+                    self._break(conn)
+                    if not isinstance(e, (ConnectionError, TimeoutError, OSError)):
+                        unexpected = e
         with self.mu:
             reconnect, lost = self.core.answered(plan, replies, failed)
         if reconnect:
             self.broken = True
+        if unexpected is not None:
+            raise unexpected
         for reg, reason in lost:
             _report(reg, reason)
+
+
+def _is_open(conn: Any) -> bool:
+    """Whether redis-py's connection ``conn`` has its socket (redis-py connects a closed one
+    again by itself at the next command: for the watcher, without tracking)."""
+    return getattr(conn, "_sock", None) is not None
+
+
+def _wait_readable(fds: List[Any], timeout: Optional[float]) -> None:
+    """Waits up to ``timeout`` for one of ``fds`` (sockets or descriptors) to be readable
+    (``selectors``: no limit on descriptor numbers, unlike ``select.select``)."""
+    with selectors.DefaultSelector() as sel:
+        for fd in fds:
+            sel.register(fd, selectors.EVENT_READ)
+        sel.select(timeout)
 
 
 def _report(reg: core.Registration, reason: str) -> None:
@@ -315,11 +376,9 @@ def watch(client: Any, name: Any, owner: bytes, on_loss: Callable[[str], None]) 
             w.queue(w.core.add(reg))
         if started:
             w.thread.start()
-    w.first_attempt.wait(FIRST_CONNECT_WAIT)
-    if ident in reg_.refused or w.core.refused is not None:
-        with w.mu:
-            w.core.remove(reg)
-        return None
+    # No waiting for I/O here (this runs right after a grant): the watcher connects in the
+    # background. A server found to refuse tracking then leaves this handle inert (logged
+    # once; ``call`` raises ``Unavailable``), and later ``watch`` calls return None.
     return Handle(w, reg)
 
 
