@@ -1074,3 +1074,27 @@ def test_the_watchers_connections_have_their_own_name(face_kind: str, client_nam
         f.unwatch(h)
     finally:
         f.close()
+
+
+def test_a_loop_shutting_down_right_after_a_loss_is_not_held_up(server: kit.Server) -> None:
+    """``asyncio.run`` cancels the watcher's task as it ends. A cancellation landing inside
+    redis-py's I/O (the re-read after a FLUSHDB, the reconnect) was lost there, and the task
+    ran on to its idle stop: each ``asyncio.run`` took 10 s (redis-py's own asyncio Lock tests
+    spent 110 s in such teardowns)."""
+    import redis.asyncio as redis_aio
+
+    from redis_lock_client.asyncio import Lock as AioLock
+
+    async def main(i: int) -> None:
+        c = redis_aio.Redis(host="127.0.0.1", port=server.port)
+        lock = AioLock(c, f"shutdown:{i}", timeout=10)
+        assert await lock.acquire(blocking=False)
+        await c.delete(f"shutdown:{i}")
+        await c.aclose()
+
+    worst = 0.0
+    for i in range(20):
+        started = time.monotonic()
+        asyncio.run(main(i))
+        worst = max(worst, time.monotonic() - started)
+    assert worst < 3, f"an asyncio.run took {worst:.2f} s to end"

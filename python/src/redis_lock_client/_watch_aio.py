@@ -32,7 +32,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
@@ -40,6 +40,8 @@ from . import _watch_core as core
 from ._common import to_bytes
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 #: The same classes for both faces (an ``except Unavailable`` of either catches both).
@@ -179,13 +181,28 @@ class _Watcher:
 
     async def _sleep(self, timeout: float) -> None:
         if not self.wakeup.is_set():
+            # Not ``wait_for``: before Python 3.12 it can swallow a cancellation that lands
+            # as the wake-up comes (a loop closing right after a DEL or FLUSHDB), and this
+            # task would then run on until its idle stop, holding up the loop's shutdown.
+            waiter = asyncio.ensure_future(self.wakeup.wait())
             try:
-                await asyncio.wait_for(self.wakeup.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait({waiter}, timeout=timeout)
+            finally:
+                waiter.cancel()
         self.wakeup.clear()
 
     async def _connect(self) -> None:
+        cid, cmd = await _isolated(self._open())
+        async with self.io:
+            self.cmd = cmd
+            self.broken = False
+        plan = self.core.connected(cid)
+        self.reader = self.loop.create_task(self._read_pushes(self.push))
+        await self._execute(plan)
+
+    async def _open(self) -> Tuple[int, Any]:
+        """The two connections: the push connection subscribed (kept in ``self.push``), and
+        the command connection (returned with the push connection's client id)."""
         push = self.cls(**dict(self.kwargs, socket_timeout=None))
         self.push = push
         await push.connect()
@@ -194,13 +211,12 @@ class _Watcher:
         await push.send_command("SUBSCRIBE", core.INVALIDATE_CHANNEL)
         core.check_subscribed(await asyncio.wait_for(push.read_response(), core.IO_TIMEOUT))
         cmd = self.cls(**self.kwargs)
-        await cmd.connect()
-        async with self.io:
-            self.cmd = cmd
-            self.broken = False
-        plan = self.core.connected(cid)
-        self.reader = self.loop.create_task(self._read_pushes(push))
-        await self._execute(plan)
+        try:
+            await cmd.connect()
+        except BaseException:
+            await cmd.disconnect()
+            raise
+        return cid, cmd
 
     async def _read_pushes(self, push: Any) -> None:
         try:
@@ -253,12 +269,7 @@ class _Watcher:
                 failed = True
             else:
                 try:
-                    await conn.send_packed_command(conn.pack_commands(requests))
-                    for _ in requests:
-                        try:
-                            replies.append((await conn.read_response(), None))
-                        except ResponseError as e:
-                            replies.append((None, e))
+                    await _isolated(_exchange(conn, requests, replies))
                 except BaseException as e:
                     logger.debug("redis-lock watcher: command connection to %s lost: %r", self.ident[1:3], e)
                     failed = True
@@ -272,6 +283,33 @@ class _Watcher:
             raise unexpected
         for reg, reason in lost:
             await _report(reg, reason)
+
+
+async def _exchange(conn: Any, requests: List[Any], replies: List[Tuple[Any, Optional[BaseException]]]) -> None:
+    """Sends ``requests`` in one write and reads their replies into ``replies``."""
+    await conn.send_packed_command(conn.pack_commands(requests))
+    for _ in requests:
+        try:
+            replies.append((await conn.read_response(), None))
+        except ResponseError as e:
+            replies.append((None, e))
+
+
+async def _isolated(aw: Awaitable[T]) -> T:
+    """Awaits ``aw`` in a task of its own. redis-py's I/O can turn a cancellation that lands
+    inside it into a connection error, or lose it (a ``wait_for`` or a timeout inside it,
+    before Python 3.12); the watcher's task would then run on to its idle stop, holding up its
+    loop's shutdown (seen at pytest-asyncio's loop teardown: 10 s). Awaited through
+    ``asyncio.wait``, a cancellation always reaches the caller; ``aw`` is cancelled with it
+    and given a bounded time to stop."""
+    inner = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({inner})
+    except BaseException:
+        inner.cancel()
+        await asyncio.wait({inner}, timeout=core.IO_TIMEOUT)
+        raise
+    return inner.result()
 
 
 def _is_open(conn: Any) -> bool:
