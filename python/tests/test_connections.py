@@ -111,7 +111,8 @@ def test_30_waiting_threads_stay_within_a_blocking_pool_of_4(server: kit.Server,
     assert conns.in_use(pool) == (0, 0)
     # What stays connected afterwards: the idle connections of the pool (the first tries and
     # releases go through redis-py's own execute_command, whose connections redis-py keeps).
-    assert pool_clients(r, "cap4", watcher) <= conns.MAX_IDLE + 2
+    # (Waited for: the server lists a connection we closed until it has read the close.)
+    wait_for(lambda: pool_clients(r, "cap4", watcher) <= conns.MAX_IDLE + 2, 10, what="the idle connections left")
     client.close()
     pool.disconnect()
 
@@ -127,7 +128,8 @@ def test_connections_of_waits_and_holds_come_back_and_at_most_max_idle_stay_conn
     for c in taken:
         conns.give_back(pool, c)
     assert conns.in_use(pool) == (0, 0)
-    assert pool_clients(r, "idle") == conns.MAX_IDLE
+    # (Waited for: the server lists a connection we closed until it has read the close.)
+    wait_for(lambda: pool_clients(r, "idle") == conns.MAX_IDLE, 10, what=f"{conns.MAX_IDLE} connections left")
     # The pool's own commands still work, over the connections given back.
     client = redis.Redis(connection_pool=pool)
     assert client.ping()
@@ -146,11 +148,11 @@ def test_a_bound_hold_counts_against_the_pool_and_goes_back_to_it(server: kit.Se
         # Each hold keeps a connection of the pool (the wait limit is max_connections - 1 = 2).
         assert len(pool._in_use_connections) == 2
         assert conns.in_use(pool) == (2, 0)
-        assert pool_clients(r, "bound") <= 3
+        wait_for(lambda: pool_clients(r, "bound") <= 3, 10, what="at most 3 connections of the pool")
         a.release()
         b.release()
         assert len(pool._in_use_connections) == 0
-    assert pool_clients(r, "bound") <= conns.MAX_IDLE
+    wait_for(lambda: pool_clients(r, "bound") <= conns.MAX_IDLE, 10, what="the idle connections left")
     client.close()
     pool.disconnect()
 
@@ -466,7 +468,7 @@ def test_configure_connections_is_public_and_sets_the_limits(server: kit.Server,
     wait_for(lambda: conns.in_use(pool) == (0, 0), 10, what="every wait connection back")
     # One idle connection left connected by the waits; the holder's and the releases' go
     # through redis-py's own commands, which keep theirs.
-    assert pool_clients(r, "conf", watcher) <= 1 + 1, [(c["id"], c["flags"], c["cmd"]) for c in r.client_list() if c.get("name") == "conf"]
+    wait_for(lambda: pool_clients(r, "conf", watcher) <= 1 + 1, 10, what="at most 2 connections left")
     # None keeps a value; a bad one is refused.
     redis_lock_client.configure_connections(client, max_idle_connections=None)
     assert conns.max_idle_of(pool) == 1

@@ -411,6 +411,12 @@ class TokenStore:
     def count(self) -> int:
         return 0 if self.local.token is None else 1
 
+    def discard(self, hold: Hold) -> None:
+        """Forgets ``hold`` if it is the one recorded."""
+        if getattr(self.local, "hold", None) is hold:
+            self.local.token = None
+            self.local.hold = None
+
 
 class PermitStore:
     """A semaphore object's permits, as ``threading.Semaphore`` / ``asyncio.Semaphore`` count
@@ -451,6 +457,11 @@ class PermitStore:
     def count(self) -> int:
         with self.mutex:
             return len(self.permits)
+
+    def discard(self, hold: Hold) -> None:
+        """Forgets the permit of ``hold``, if recorded."""
+        with self.mutex:
+            self.permits = [p for p in self.permits if p[2] is not hold]
 
 
 class PermitView:
@@ -644,17 +655,23 @@ class LockBase:
             self._store.put(encode_token(owner), pending.hold)
         return bool(granted)
 
-    def _unrecorded_steps(self, owner: bytes, pending: Pending) -> Steps:
-        """An acquire interrupted after its hook got a grant but before the grant was recorded
-        (KeyboardInterrupt can land anywhere): give it back, quietly."""
+    def _given_up_steps(self, owner: bytes, pending: Pending) -> Steps:
+        """An acquire that raises after its hook got a grant (KeyboardInterrupt can land
+        anywhere, also after the grant was recorded): the caller was told nothing was
+        acquired, so nothing may stay held. Forget the hold and give it back, quietly."""
         hold = pending.hold
-        if hold is None or self._store.current()[1] is hold:
+        if hold is None:
             return None
+        self._store.discard(hold)
+        yield from self._give_back(owner, hold)
+        return None
+
+    def _give_back(self, owner: bytes, hold: Hold) -> Steps:
+        """Releases a hold nobody will be told of, quietly (best effort)."""
         try:
             yield from self._release_steps(owner, hold)
         except Exception:  # noqa: BLE001 - best effort; the interruption is what goes on
             pass
-        return None
 
     def _granted(self, hold: Optional[Hold]) -> bool:
         pending_now().hold = hold
@@ -830,10 +847,7 @@ class LockBase:
                 raise
             except BaseException:
                 # Interrupted between the grant and its hand-over: no grant left behind.
-                try:
-                    yield from self._release_steps(owner, hold)
-                except Exception:  # noqa: BLE001 - best effort; the interruption goes on
-                    pass
+                yield from self._give_back(owner, hold)
                 raise
             return hold
 

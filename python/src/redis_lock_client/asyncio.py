@@ -133,12 +133,13 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
     ) -> bool:
         """As the sync ``acquire`` (redis-py's asyncio Lock has no ``sleep`` argument here)."""
         owner, pending = self._acquire_args(blocking, blocking_timeout, token)
-        with core.passing(core._PENDING, pending):
-            try:
-                return self._acquired(owner, pending, await self.do_acquire(owner))
-            except BaseException:
-                await drive_async(self._unrecorded_steps(owner, pending), self._perform)
-                raise
+        try:
+            with core.passing(core._PENDING, pending):
+                granted = await self.do_acquire(owner)
+            return self._acquired(owner, pending, granted)
+        except BaseException:
+            await drive_async(self._given_up_steps(owner, pending), self._perform)
+            raise
 
     async def do_acquire(self, token: Union[str, bytes]) -> bool:
         steps = self._acquire_steps(encode_token(token), core.pending_now())

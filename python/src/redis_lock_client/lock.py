@@ -121,12 +121,13 @@ class Lock(core.LockBase, redis.lock.Lock):
         comes back when that passed; without it, one try. ``token`` is the owner (default: a
         fresh one). ``sleep`` is ignored: nothing polls."""
         owner, pending = self._acquire_args(blocking, blocking_timeout, token)
-        with core.passing(core._PENDING, pending):
-            try:
-                return self._acquired(owner, pending, self.do_acquire(owner))
-            except BaseException:
-                drive(self._unrecorded_steps(owner, pending), self._perform)
-                raise
+        try:
+            with core.passing(core._PENDING, pending):
+                granted = self.do_acquire(owner)
+            return self._acquired(owner, pending, granted)
+        except BaseException:
+            drive(self._given_up_steps(owner, pending), self._perform)
+            raise
 
     def do_acquire(self, token: Union[str, bytes]) -> bool:
         return self._granted(drive(self._acquire_steps(encode_token(token), core.pending_now()), self._perform))
