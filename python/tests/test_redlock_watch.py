@@ -36,7 +36,7 @@ def test_validity_out_while_watching_is_no_hold(redlock_servers: List[kit.Server
     ``True`` with no validity left)."""
     servers = redlock_servers[:3]
     cs = [s.client() for s in servers]
-    rl = Redlock(cs, "stall", timeout=0.5, blocking=False)
+    rl = Redlock(cs, "stall", timeout=0.5, blocking=False, watchdog=True)
     real = rl._perform
 
     def perform(effect: Any) -> Any:
@@ -57,7 +57,7 @@ def test_validity_out_while_watching_is_no_hold_asyncio(redlock_servers: List[ki
 
     async def main() -> None:
         cs = [redis.asyncio.Redis(host="127.0.0.1", port=s.port) for s in servers]
-        rl = alock.Redlock(cs, "stall", timeout=0.5, blocking=False)
+        rl = alock.Redlock(cs, "stall", timeout=0.5, blocking=False, watchdog=True)
         real = rl._perform
 
         async def perform(effect: Any) -> Any:
@@ -84,8 +84,8 @@ def test_an_extend_given_up_by_the_caller_leaves_the_watcher_hearing(redlock_ser
 
     async def main() -> None:
         a = redis.asyncio.Redis(host="127.0.0.1", port=srv.port)
-        rl = alock.Redlock([a], "res", timeout=30)
-        other = alock.Redlock([a], "other", timeout=30)
+        rl = alock.Redlock([a], "res", timeout=30, watchdog=True)
+        other = alock.Redlock([a], "other", timeout=30, watchdog=True)
         await rl.acquire()
         await other.acquire()
         await asyncio.sleep(0.3)  # the watcher connected

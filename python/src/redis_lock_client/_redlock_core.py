@@ -421,7 +421,7 @@ class RedlockCore:
         hold = Hold(owner, self.ttl, started + self.ttl - drift(self.ttl, self.drift_factor), granted, tokens, kept)
         try:
             for i in range(self.n):
-                if granted[i]:
+                if granted[i] and self.watchdog:  # as for Lock: only a hold with a watchdog
                     hold.handles[i] = yield Watch(i, hold)
             if time.monotonic() >= hold.valid_until:
                 # The validity ran out while the watches were set up (a stalled process or
