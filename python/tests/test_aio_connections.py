@@ -278,11 +278,13 @@ def test_30_tasks_of_the_asyncio_lock_stay_within_a_blocking_pool_of_4(server: k
         await sampler
         assert conns.in_use(pool) == (0, 0)
         # (Waited for, up to 10 s: the server lists a connection we closed until it has read
-        # the close.)
+        # the close.) Beyond the idle connections the waits leave, the releases go through
+        # redis-py's own commands, which may connect connections of the pool again (several
+        # at once when tasks release together) and keep them: as in the sync test, 2 more.
         deadline = time.monotonic() + 10
         while True:
             left = await loop.run_in_executor(None, kit.pool_clients, r, "alock4", watcher)
-            if left <= conns.MAX_IDLE or time.monotonic() > deadline:
+            if left <= conns.MAX_IDLE + 2 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
         after.append(left)
@@ -293,7 +295,7 @@ def test_30_tasks_of_the_asyncio_lock_stay_within_a_blocking_pool_of_4(server: k
     assert sorted(got) == list(range(30))
     assert most_inside[0] == 1
     assert most[0] <= 4, f"the server saw {most[0]} connections of a pool of 4"
-    assert after[0] <= conns.MAX_IDLE, f"{after[0]} connections of the pool stayed connected"
+    assert after[0] <= conns.MAX_IDLE + 2, f"{after[0]} connections of the pool stayed connected"
 
 
 def test_asyncio_lock_client_queue_timeout_and_limit_errors(server: kit.Server) -> None:
