@@ -40,6 +40,7 @@ import redis.lock  # noqa: E402
 import kit  # noqa: E402
 import redis_lock_client.asyncio as aio  # noqa: E402
 from redis_lock_client import Lock  # noqa: E402
+from redis_lock_client._common import parse_info  # noqa: E402
 
 try:
     import redis_lock as python_redis_lock  # python-redis-lock
@@ -167,8 +168,8 @@ class LossTrial:
             a.execute_command("LOCK.EXTEND", self.key, owner, 50)
             while True:
                 t = time.perf_counter()
-                reply = a.execute_command("LOCK.INFO", self.key)
-                if reply is None or owner not in repr(reply).encode():
+                info = parse_info(a.execute_command("LOCK.INFO", self.key))
+                if info is None or not info.holds(owner):
                     return t
                 time.sleep(0.0002)
         if event == "bound connection killed":

@@ -645,12 +645,6 @@ class RedlockCore:
         "expired", ...). Returns the hold's loss when that leaves too few servers holding."""
         if hold.stopped:
             return None
-        if reason == "deleted" and hold.links is not None:
-            link = hold.links[server]
-            if link is not None and self.closed(link):
-                # The server ended the bound hold because its connection closed; the watcher
-                # only sees the key go.
-                reason = "disconnected"
         with hold.mutex:
             if hold.down[server] is None:
                 hold.down[server] = reason or "lost"
