@@ -1,0 +1,310 @@
+/**
+ * What every adapter shares: reply normalisation, deadlines, and the per-server endpoint with
+ * its command connection and its FIFO-gated pool of wait connections.
+ * @internal
+ */
+import {
+  ConnectionLostError,
+  ReplyTimeoutError,
+  ServerReplyError,
+  UnsafeIntegerReplyError,
+  type Conn,
+  type Endpoint,
+  type Reply,
+  type SubscriberConn,
+} from "./types.js";
+
+/** What an adapter provides for one server. */
+export interface ConnFactory {
+  readonly name: string;
+  /** A new connection of the package's own (no reconnect, no offline queue, no resend). */
+  open(kind: "command" | "wait"): Promise<Conn>;
+  openSubscriber(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn>;
+}
+
+/** Whether `err` (or a class it inherits from) has one of `names` as its constructor name. */
+export function hasClassName(err: unknown, names: readonly string[]): boolean {
+  let proto: unknown = err !== null && typeof err === "object" ? Object.getPrototypeOf(err) : null;
+  while (proto !== null && proto !== undefined && proto !== Object.prototype) {
+    const ctor = (proto as { constructor?: { name?: unknown } }).constructor;
+    if (ctor && typeof ctor.name === "string" && names.includes(ctor.name)) return true;
+    proto = Object.getPrototypeOf(proto);
+  }
+  return false;
+}
+
+function messageOf(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** Turns a client library's error into ours: error replies (recognised by `isReply`) become
+ *  ServerReplyError, everything else ConnectionLostError. */
+export function mapError(err: unknown, server: string, isReply: (e: unknown) => boolean): Error {
+  if (err instanceof ServerReplyError || err instanceof ConnectionLostError || err instanceof ReplyTimeoutError || err instanceof UnsafeIntegerReplyError) {
+    return err;
+  }
+  if (isReply(err)) return new ServerReplyError(messageOf(err));
+  return new ConnectionLostError(`connection to ${server} lost: ${messageOf(err)}`, { cause: err });
+}
+
+/** Normalises a raw reply where integers arrive as decimal strings and strings as Buffers
+ *  (ioredis `callBuffer` with `stringNumbers`, node-redis v5 with a type mapping). */
+export function normaliseTagged(raw: unknown, isReply: (e: unknown) => boolean): Reply {
+  if (raw === null || raw === undefined) return null;
+  if (typeof raw === "string") return BigInt(raw);
+  if (typeof raw === "bigint") return raw;
+  if (typeof raw === "number") return exactNumber(raw);
+  if (Buffer.isBuffer(raw)) return raw.toString("utf8");
+  if (raw instanceof Uint8Array) return Buffer.from(raw).toString("utf8");
+  if (Array.isArray(raw)) return raw.map((x) => normaliseTagged(x, isReply));
+  if (raw instanceof Error) return isReply(raw) ? new ServerReplyError(raw.message) : raw instanceof ServerReplyError ? raw : new ServerReplyError(raw.message);
+  throw new TypeError(`unexpected reply value of type ${typeof raw}`);
+}
+
+/** Normalises a raw reply where integers arrive as JavaScript numbers and strings as strings
+ *  (node-redis v4): a number outside the safe range is refused. */
+export function normaliseNumbers(raw: unknown): Reply {
+  if (raw === null || raw === undefined) return null;
+  if (typeof raw === "number") return exactNumber(raw);
+  if (typeof raw === "string") return raw;
+  if (Buffer.isBuffer(raw)) return raw.toString("utf8");
+  if (Array.isArray(raw)) return raw.map((x) => normaliseNumbers(x));
+  if (raw instanceof Error) return new ServerReplyError(raw.message);
+  throw new TypeError(`unexpected reply value of type ${typeof raw}`);
+}
+
+function exactNumber(n: number): bigint {
+  if (!Number.isSafeInteger(n)) throw new UnsafeIntegerReplyError(n);
+  return BigInt(n);
+}
+
+/** `p`, or a ReplyTimeoutError after `ms` (no timer is left running). */
+export function withDeadline<T>(p: Promise<T>, ms: number | undefined, server: string): Promise<T> {
+  if (ms === undefined || !Number.isFinite(ms)) return p;
+  return new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new ReplyTimeoutError(`no reply from ${server} within ${ms} ms`)), Math.max(0, ms));
+    timer.unref?.();
+    p.then(
+      (v) => {
+        clearTimeout(timer);
+        resolve(v);
+      },
+      (e: unknown) => {
+        clearTimeout(timer);
+        reject(e);
+      },
+    );
+  });
+}
+
+/** Calls each close callback once. */
+export class CloseNotifier {
+  private cbs: Array<(why: string) => void> = [];
+  private why: string | null = null;
+  get closed(): boolean {
+    return this.why !== null;
+  }
+  add(cb: (why: string) => void): void {
+    if (this.why !== null) {
+      const why = this.why;
+      queueMicrotask(() => cb(why));
+    } else this.cbs.push(cb);
+  }
+  fire(why: string): void {
+    if (this.why !== null) return;
+    this.why = why;
+    const cbs = this.cbs;
+    this.cbs = [];
+    for (const cb of cbs) {
+      try {
+        cb(why);
+      } catch {
+        // a close callback's failure must not stop the others
+      }
+    }
+  }
+}
+
+function abortReason(signal: AbortSignal): unknown {
+  if (signal.reason !== undefined) return signal.reason;
+  const e = new Error("This operation was aborted");
+  e.name = "AbortError";
+  return e;
+}
+
+interface Queued {
+  resolve: (c: Conn) => void;
+  reject: (e: unknown) => void;
+  signal: AbortSignal | undefined;
+  onAbort: (() => void) | undefined;
+}
+
+/** One server: the command connection and the wait pool. */
+export class PooledEndpoint implements Endpoint {
+  readonly name: string;
+  private cmd: Conn | null = null;
+  private opening: Promise<Conn> | null = null;
+  private hooks = new Set<(conn: Conn) => Promise<void>>();
+  private busy = new Set<Conn>();
+  private reserved = 0; // places taken by connections being opened
+  private idle: Conn[] = [];
+  private queue: Queued[] = [];
+  private subs = new Set<SubscriberConn>();
+  private closing = false;
+
+  constructor(
+    private readonly factory: ConnFactory,
+    private readonly maxWait: number,
+    private readonly maxIdle: number,
+  ) {
+    this.name = factory.name;
+  }
+
+  currentCommand(): Conn | null {
+    return this.cmd !== null && !this.cmd.closed ? this.cmd : null;
+  }
+
+  onCommandOpen(hook: (conn: Conn) => Promise<void>): () => void {
+    this.hooks.add(hook);
+    return () => this.hooks.delete(hook);
+  }
+
+  command(): Promise<Conn> {
+    if (this.closing) return Promise.reject(new ConnectionLostError(`the connections to ${this.name} are closed`));
+    const cur = this.currentCommand();
+    if (cur) return Promise.resolve(cur);
+    if (this.opening) return this.opening;
+    const opening = (async () => {
+      const conn = await this.factory.open("command");
+      if (this.closing) {
+        conn.destroy();
+        throw new ConnectionLostError(`the connections to ${this.name} are closed`);
+      }
+      conn.onClose(() => {
+        if (this.cmd === conn) this.cmd = null;
+      });
+      for (const hook of [...this.hooks]) {
+        try {
+          await hook(conn);
+        } catch {
+          // a hook's failure (the watcher's registration) must not refuse the connection
+        }
+      }
+      if (conn.closed) throw new ConnectionLostError(`connection to ${this.name} closed while being set up`);
+      this.cmd = conn;
+      return conn;
+    })();
+    this.opening = opening;
+    const clear = (): void => {
+      if (this.opening === opening) this.opening = null;
+    };
+    opening.then(clear, clear);
+    return opening;
+  }
+
+  poolStats(): { busy: number; idle: number; queued: number } {
+    return { busy: this.busy.size + this.reserved, idle: this.idle.length, queued: this.queue.length };
+  }
+
+  acquireWaitConn(signal?: AbortSignal): Promise<Conn> {
+    if (this.closing) return Promise.reject(new ConnectionLostError(`the connections to ${this.name} are closed`));
+    if (signal?.aborted) return Promise.reject(abortReason(signal));
+    if (this.queue.length === 0 && this.busy.size + this.reserved < this.maxWait) return this.hand();
+    return new Promise<Conn>((resolve, reject) => {
+      const entry: Queued = { resolve, reject, signal, onAbort: undefined };
+      if (signal) {
+        entry.onAbort = () => {
+          const i = this.queue.indexOf(entry);
+          if (i >= 0) this.queue.splice(i, 1);
+          reject(abortReason(signal));
+        };
+        signal.addEventListener("abort", entry.onAbort, { once: true });
+      }
+      this.queue.push(entry);
+    });
+  }
+
+  /** Takes a place and gives a connection (idle or new). */
+  private async hand(): Promise<Conn> {
+    this.reserved++;
+    let conn: Conn | undefined;
+    try {
+      while (this.idle.length > 0) {
+        const c = this.idle.pop();
+        if (c && !c.closed) {
+          conn = c;
+          break;
+        }
+      }
+      if (!conn) conn = await this.factory.open("wait");
+    } catch (e) {
+      this.reserved--;
+      this.pump();
+      throw e;
+    }
+    this.reserved--;
+    if (this.closing) {
+      conn.destroy();
+      this.pump();
+      throw new ConnectionLostError(`the connections to ${this.name} are closed`);
+    }
+    const c = conn;
+    this.busy.add(c);
+    c.onClose(() => {
+      if (this.busy.delete(c)) this.pump();
+    });
+    return c;
+  }
+
+  private pump(): void {
+    while (this.queue.length > 0 && this.busy.size + this.reserved < this.maxWait && !this.closing) {
+      const entry = this.queue.shift();
+      if (!entry) break;
+      if (entry.signal && entry.onAbort) entry.signal.removeEventListener("abort", entry.onAbort);
+      this.hand().then(entry.resolve, entry.reject);
+    }
+  }
+
+  releaseWaitConn(conn: Conn): void {
+    const wasBusy = this.busy.delete(conn);
+    if (!conn.closed && wasBusy && !this.closing && this.idle.length < this.maxIdle) {
+      this.idle.push(conn);
+      conn.onClose(() => {
+        const i = this.idle.indexOf(conn);
+        if (i >= 0) this.idle.splice(i, 1);
+      });
+    } else if (!conn.closed) {
+      conn.destroy();
+    }
+    this.pump();
+  }
+
+  async subscribeInvalidations(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn> {
+    if (this.closing) throw new ConnectionLostError(`the connections to ${this.name} are closed`);
+    const sub = await this.factory.openSubscriber(onInvalidate);
+    if (this.closing) {
+      sub.destroy();
+      throw new ConnectionLostError(`the connections to ${this.name} are closed`);
+    }
+    this.subs.add(sub);
+    sub.onClose(() => this.subs.delete(sub));
+    return sub;
+  }
+
+  async close(): Promise<void> {
+    this.closing = true;
+    const queued = this.queue;
+    this.queue = [];
+    for (const q of queued) {
+      if (q.signal && q.onAbort) q.signal.removeEventListener("abort", q.onAbort);
+      q.reject(new ConnectionLostError(`the connections to ${this.name} were closed`));
+    }
+    const opening = this.opening;
+    const all: Array<{ destroy(): void }> = [...this.busy, ...this.idle, ...this.subs];
+    if (this.cmd) all.push(this.cmd);
+    this.idle = [];
+    this.cmd = null;
+    for (const c of all) c.destroy();
+    if (opening) await opening.then((c) => c.destroy(), () => undefined);
+  }
+}

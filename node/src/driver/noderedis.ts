@@ -1,0 +1,251 @@
+/**
+ * The node-redis adapters (v4 and v5 `createClient()` clients), duck-typed (no runtime import
+ * of redis). Our connections are `duplicate()`s of the user's client with overrides: no
+ * reconnect, no offline queue, RESP2, no legacy mode.
+ *
+ * Exact integers: v5 reads them as decimal strings through a per-command type mapping
+ * (`NUMBER → String`, strings → Buffer, so the two stay apart). v4 has no such option: its
+ * decoder builds a JavaScript number, so an integer above 2^53 - 1 is refused
+ * (UnsafeIntegerReplyError), never rounded (the module's tokens are at most 2^53 - 1).
+ * @internal
+ */
+import { CloseNotifier, PooledEndpoint, hasClassName, mapError, normaliseNumbers, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
+import {
+  ConnectionLostError,
+  ServerReplyError,
+  type Arg,
+  type Conn,
+  type Endpoint,
+  type Reply,
+  type SubscriberConn,
+  type Target,
+  type TargetOptions,
+} from "./types.js";
+
+type Listener = (...args: unknown[]) => void;
+
+/** The part of a node-redis (v4 or v5) client this package uses. */
+export interface NodeRedisLike {
+  readonly options?: { socket?: Record<string, unknown>; url?: string } & Record<string, unknown>;
+  readonly isOpen: boolean;
+  duplicate(overrides?: Record<string, unknown>): NodeRedisLike;
+  connect(): Promise<unknown>;
+  sendCommand(args: Arg[], options?: Record<string, unknown>): Promise<unknown>;
+  subscribe(channel: string, listener: (message: unknown, channel: unknown) => void, bufferMode?: boolean): Promise<unknown>;
+  on(event: string, listener: Listener): unknown;
+  disconnect?(): Promise<unknown>;
+  destroy?(): void;
+  quit?(): Promise<unknown>;
+  close?(): Promise<unknown>;
+  /** v5 only. */
+  withTypeMapping?: unknown;
+}
+
+/** RESP type bytes used as keys of node-redis v5's type mapping. */
+const RESP_NUMBER = 58; // ':'
+const RESP_SIMPLE_STRING = 43; // '+'
+const RESP_BLOB_STRING = 36; // '$'
+
+const V5_TYPE_MAPPING: Readonly<Record<number, unknown>> = {
+  [RESP_NUMBER]: String,
+  [RESP_SIMPLE_STRING]: Buffer,
+  [RESP_BLOB_STRING]: Buffer,
+};
+
+export function isNodeRedisReply(e: unknown): boolean {
+  return hasClassName(e, ["ErrorReply"]);
+}
+
+export function nodeRedisServerName(client: NodeRedisLike): string {
+  const o = client.options ?? {};
+  const s = o.socket ?? {};
+  if (typeof s["path"] === "string") return s["path"];
+  let host = typeof s["host"] === "string" ? s["host"] : undefined;
+  let port = typeof s["port"] === "number" ? s["port"] : undefined;
+  if ((host === undefined || port === undefined) && typeof o.url === "string") {
+    try {
+      const u = new URL(o.url);
+      host ??= u.hostname || undefined;
+      port ??= u.port ? Number(u.port) : undefined;
+    } catch {
+      // not a URL: defaults
+    }
+  }
+  return `${host ?? "localhost"}:${port ?? 6379}`;
+}
+
+function destroyClient(c: NodeRedisLike): void {
+  try {
+    if (typeof c.destroy === "function") c.destroy();
+    else if (typeof c.disconnect === "function") c.disconnect().catch(() => undefined);
+  } catch {
+    // already closed
+  }
+}
+
+function watchClose(c: NodeRedisLike, notifier: CloseNotifier): void {
+  c.on("end", () => notifier.fire("connection closed"));
+  c.on("error", () => {
+    // With reconnection off, an error closes the client: look once the client has updated.
+    setImmediate(() => {
+      if (!c.isOpen) notifier.fire("connection closed");
+    });
+  });
+}
+
+class NodeRedisConn implements Conn {
+  private readonly notifier = new CloseNotifier();
+  constructor(
+    readonly server: string,
+    private readonly c: NodeRedisLike,
+    private readonly v5: boolean,
+  ) {
+    watchClose(c, this.notifier);
+  }
+  get closed(): boolean {
+    return this.notifier.closed || !this.c.isOpen;
+  }
+  send(args: Arg[], deadlineMs?: number): Promise<Reply> {
+    if (this.closed) return Promise.reject(new ConnectionLostError(`connection to ${this.server} is closed`));
+    const server = this.server;
+    let p: Promise<unknown>;
+    try {
+      p = this.v5 ? this.c.sendCommand(args, { typeMapping: V5_TYPE_MAPPING }) : this.c.sendCommand(args);
+    } catch (e) {
+      return Promise.reject(mapError(e, server, isNodeRedisReply));
+    }
+    return withDeadline(
+      p.then(
+        (raw) => (this.v5 ? normaliseTagged(raw, isNodeRedisReply) : normaliseNumbers(raw)),
+        (e: unknown) => {
+          throw mapError(e, server, isNodeRedisReply);
+        },
+      ),
+      deadlineMs,
+      server,
+    );
+  }
+  destroy(): void {
+    if (this.notifier.closed) return;
+    this.notifier.fire("destroyed");
+    destroyClient(this.c);
+  }
+  onClose(cb: (why: string) => void): void {
+    if (!this.notifier.closed && !this.c.isOpen) this.notifier.fire("connection closed");
+    this.notifier.add(cb);
+  }
+}
+
+class NodeRedisSubscriber implements SubscriberConn {
+  private readonly notifier = new CloseNotifier();
+  constructor(
+    readonly id: bigint,
+    private readonly c: NodeRedisLike,
+  ) {
+    watchClose(c, this.notifier);
+  }
+  get closed(): boolean {
+    return this.notifier.closed || !this.c.isOpen;
+  }
+  destroy(): void {
+    if (this.notifier.closed) return;
+    this.notifier.fire("destroyed");
+    destroyClient(this.c);
+  }
+  onClose(cb: (why: string) => void): void {
+    this.notifier.add(cb);
+  }
+}
+
+/** Our connections to one server, made from a node-redis client. */
+export class NodeRedisFactory implements ConnFactory {
+  readonly name: string;
+  readonly v5: boolean;
+  constructor(private readonly base: NodeRedisLike) {
+    this.name = nodeRedisServerName(base);
+    this.v5 = typeof base.withTypeMapping === "function";
+  }
+  private async dup(): Promise<NodeRedisLike> {
+    const socket = { ...(this.base.options?.socket ?? {}), reconnectStrategy: false };
+    const overrides: Record<string, unknown> = { socket, disableOfflineQueue: true };
+    if (this.v5) {
+      overrides["RESP"] = 2;
+      overrides["commandOptions"] = undefined;
+      overrides["clientSideCache"] = undefined;
+      overrides["pingInterval"] = undefined;
+    } else {
+      overrides["legacyMode"] = false;
+      overrides["isolationPoolOptions"] = undefined;
+      overrides["pingInterval"] = undefined;
+    }
+    const c = this.base.duplicate(overrides);
+    c.on("error", () => undefined);
+    try {
+      await c.connect();
+    } catch (e) {
+      destroyClient(c);
+      throw mapError(e, this.name, isNodeRedisReply);
+    }
+    return c;
+  }
+  async open(): Promise<Conn> {
+    return new NodeRedisConn(this.name, await this.dup(), this.v5);
+  }
+  async openSubscriber(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn> {
+    const c = await this.dup();
+    try {
+      const raw = await c.sendCommand(["CLIENT", "ID"]);
+      const id = typeof raw === "number" || typeof raw === "string" ? BigInt(raw) : null;
+      if (id === null) throw new ServerReplyError("ERR unexpected CLIENT ID reply");
+      const sub = new NodeRedisSubscriber(id, c);
+      await c.subscribe(
+        "__redis__:invalidate",
+        (message: unknown) => {
+          if (message === null || message === undefined) onInvalidate(null);
+          else if (Array.isArray(message)) onInvalidate(message.map((k: unknown) => (Buffer.isBuffer(k) ? k.toString("utf8") : String(k))));
+          else if (Buffer.isBuffer(message)) onInvalidate([message.toString("utf8")]);
+        },
+        true,
+      );
+      return sub;
+    } catch (e) {
+      destroyClient(c);
+      throw mapError(e, this.name, isNodeRedisReply);
+    }
+  }
+}
+
+/** A standalone server reached through a node-redis client. */
+export class NodeRedisTarget implements Target {
+  readonly name: string;
+  readonly isCluster = false;
+  private readonly endpoint: PooledEndpoint;
+  private readonly v5: boolean;
+  constructor(
+    readonly client: NodeRedisLike,
+    opts: Required<TargetOptions>,
+  ) {
+    const f = new NodeRedisFactory(client);
+    this.name = f.name;
+    this.v5 = f.v5;
+    this.endpoint = new PooledEndpoint(f, opts.maxWaitConnections, opts.maxIdleConnections);
+  }
+  async endpointFor(): Promise<Endpoint> {
+    return this.endpoint;
+  }
+  async rerouted(): Promise<void> {
+    // one server: nothing to refresh
+  }
+  async quitUserClient(): Promise<void> {
+    if (!this.client.isOpen) return;
+    try {
+      if (this.v5 && typeof this.client.close === "function") await this.client.close();
+      else if (typeof this.client.quit === "function") await this.client.quit();
+    } catch {
+      // already closed
+    }
+  }
+  close(): Promise<void> {
+    return this.endpoint.close();
+  }
+}

@@ -1,0 +1,148 @@
+/**
+ * The driver layer: how the package talks to Redis through the client a user already has
+ * (ioredis `Redis`, ioredis `Cluster`, node-redis v4 or v5), duck-typed, with no runtime
+ * dependency on any of them. Every connection used here is the package's own, made with the
+ * user's client's `duplicate()` (so host, port, TLS, auth and db are the user's).
+ * @packageDocumentation
+ */
+
+/** One argument of a command. */
+export type Arg = string | Buffer;
+
+/** A reply, normalised: integers are always bigint; simple and bulk strings are string (utf8);
+ *  nil is null; arrays are arrays (RESP2 flat key/value arrays for maps: our connections speak
+ *  RESP2). An error inside an array (an `EXEC` reply) is a {@link ServerReplyError}. */
+export type Reply = null | bigint | string | Reply[] | ServerReplyError;
+
+/** The server answered with an error reply (message without the leading '-'), e.g. "NOTOWNER ...". */
+export class ServerReplyError extends Error {
+  /** The first word of the message, e.g. "NOTOWNER", "WRONGTYPE", "MOVED", "ERR". */
+  readonly code: string;
+  constructor(message: string) {
+    super(message);
+    this.name = "ServerReplyError";
+    const space = message.indexOf(" ");
+    this.code = space < 0 ? message : message.slice(0, space);
+  }
+}
+
+/** The connection failed, closed or was destroyed before the reply arrived (the request's fate is unknown). */
+export class ConnectionLostError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "ConnectionLostError";
+  }
+}
+
+/** No reply within the deadline given to send(). */
+export class ReplyTimeoutError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ReplyTimeoutError";
+  }
+}
+
+/** An integer reply that a client library delivered as a JavaScript number outside
+ *  `Number.isSafeInteger` (node-redis v4 has no way to read integers exactly): it may have been
+ *  rounded, so it is refused rather than used. (Added to the design's interface.) */
+export class UnsafeIntegerReplyError extends Error {
+  /** The number as received (possibly rounded). */
+  readonly received: number;
+  constructor(received: number) {
+    super(`the server's integer reply ${received} was read as an inexact JavaScript number (above 2^53 - 1); refused rather than rounded`);
+    this.name = "UnsafeIntegerReplyError";
+    this.received = received;
+  }
+}
+
+/** The user's client is not one this package can drive. */
+export class UnsupportedClientError extends TypeError {
+  constructor(message: string) {
+    super(message);
+    this.name = "UnsupportedClientError";
+  }
+}
+
+/** One connection of the package's own to one server. */
+export interface Conn {
+  /** host:port of the server. */
+  readonly server: string;
+  /** Sends one command; rejects with ServerReplyError (error reply), ConnectionLostError
+   *  (connection closed before the reply) or ReplyTimeoutError (no reply within `deadlineMs`:
+   *  the connection is left as it is; a caller that must not read a late reply destroys it). */
+  send(args: Arg[], deadlineMs?: number): Promise<Reply>;
+  /** Closes at once; pending sends reject with ConnectionLostError. */
+  destroy(): void;
+  readonly closed: boolean;
+  /** Called once when the connection closes for any reason (including destroy); at once if it
+   *  is closed already. */
+  onClose(cb: (why: string) => void): void;
+}
+
+/** A connection subscribed to `__redis__:invalidate` (RESP2), for the watcher. (Added.) */
+export interface SubscriberConn {
+  /** The server's client id of this connection (the `REDIRECT` target). */
+  readonly id: bigint;
+  destroy(): void;
+  readonly closed: boolean;
+  onClose(cb: (why: string) => void): void;
+}
+
+/** One Redis server reached through a user's client. */
+export interface Endpoint {
+  /** "host:port". */
+  readonly name: string;
+  /** The shared command connection (opened on first use; re-opened after it closes). */
+  command(): Promise<Conn>;
+  /** The command connection if it is open now, else null (no connection is opened). (Added.) */
+  currentCommand(): Conn | null;
+  /** Called with each newly opened command connection, before command() hands it out (the
+   *  watcher turns tracking on there). Returns a function that removes the hook. (Added.) */
+  onCommandOpen(hook: (conn: Conn) => Promise<void>): () => void;
+  /** A connection for one wait: from the idle pool or new; FIFO-gated by maxWaitConnections.
+   *  Rejects with the signal's reason (or an AbortError) when `signal` fires while queued. */
+  acquireWaitConn(signal?: AbortSignal): Promise<Conn>;
+  /** A finished wait's connection: kept idle (at most maxIdleConnections) or closed. Never call
+   *  with a conn that carries a bound hold (keep it) or whose wait was cut short (destroy it
+   *  instead). A destroyed or closed conn given here only frees its place. */
+  releaseWaitConn(conn: Conn): void;
+  /** Opens a subscriber connection calling `onInvalidate` with each invalidation's keys
+   *  (null: a flush, every key). (Added.) */
+  subscribeInvalidations(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn>;
+  /** Statistics of the wait pool (added): busy = handed out, idle = kept, queued = waiting for a place. */
+  poolStats(): { busy: number; idle: number; queued: number };
+  close(): Promise<void>;
+}
+
+/** What a user handed to new Redlock(...): one standalone server or an ioredis Cluster. */
+export interface Target {
+  readonly name: string;
+  /** The endpoint serving `key` now (cluster: by slot, refreshed after MOVED / TRYAGAIN). */
+  endpointFor(key: string): Promise<Endpoint>;
+  /** After a MOVED/ASK/TRYAGAIN/CLUSTERDOWN reply: refresh routing. */
+  rerouted(key: string, err: ServerReplyError): Promise<void>;
+  readonly isCluster: boolean;
+  /** The user's client object (reported in ExecutionStats votes, as redlock does). */
+  readonly client: unknown;
+  /** quit() the user's client (redlock's quit does this) after closing our connections. */
+  quitUserClient(): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** Options of {@link targetFor}. */
+export interface TargetOptions {
+  /** At most this many wait connections busy at once per server (default 64). */
+  maxWaitConnections?: number;
+  /** At most this many idle wait connections kept per server (default 2). */
+  maxIdleConnections?: number;
+}
+
+/** Whether an error reply asks the request to be sent where the key lives now. */
+export function isRedirect(err: unknown): err is ServerReplyError {
+  return (
+    err instanceof ServerReplyError &&
+    (err.code === "MOVED" || err.code === "ASK" || err.code === "TRYAGAIN" || err.code === "CLUSTERDOWN")
+  );
+}
+
+export { targetFor, sendRouted } from "./target.js";
