@@ -1,0 +1,384 @@
+/**
+ * The loss watcher's decisions, with no I/O (the face is `../watcher.ts`; the Rust client's
+ * `proto/watch.rs` and the Python client's `_watch_core.py` are the model).
+ *
+ * Per server the watcher uses the endpoint's command connection, with
+ * `CLIENT TRACKING on REDIRECT <subscriber id> BCAST NOLOOP PREFIX <key> ...`, and a subscriber
+ * connection (RESP2) subscribed to `__redis__:invalidate`, where the server names each key
+ * changed by any *other* connection (a flush names none: every key). `NOLOOP` keeps our own
+ * acquires, extends and releases over the command connection quiet. An invalidation only says
+ * "this key may have changed": the watcher re-reads `LOCK.INFO key` and judges each
+ * registration (`judge`).
+ *
+ * Rules (as the other clients'):
+ * - re-reads of one key at least `RECHECK_SPACING_MS` apart (and `SPACING_PER_HOLDER_MS` per
+ *   holder the last re-read listed), one at a time: a change while a re-read is out or within
+ *   the spacing makes the key *due*, re-read once the spacing is over;
+ * - registered prefixes never overlap (the server refuses overlapping ones): a key covered by
+ *   a registered prefix needs nothing; a key that is a prefix of registered ones makes the
+ *   watcher replace the set, in one `MULTI` / `CLIENT TRACKING off` / `on ...` / `EXEC` (no
+ *   change falls between); prefixes of keys no longer watched stay until more than
+ *   `MAX_STALE` pile up or `MAX_IGNORED_PUSHES` pushes came for them;
+ * - a new registration is followed by a re-read of its key (covering the moment between the
+ *   grant and the registration); a re-read sent before a registration does not judge it;
+ * - after the command connection is (re)opened, every prefix is registered again and every
+ *   key re-read (changes while it was down were not pushed).
+ */
+import { ServerReplyError, type Arg, type Reply } from "../driver/types.js";
+
+/** How a watched hold was lost. */
+export type LossCause = "expired" | "deleted" | "overwritten" | "taken" | "ended" | "connection-closed";
+
+/** A few words for messages, per cause. */
+export const LOSS_DESCRIPTIONS: Readonly<Record<LossCause, string>> = {
+  expired: "its validity ran out without a confirmed extend",
+  deleted: "its key was deleted (DEL, FLUSHALL, eviction or expiry)",
+  overwritten: "its key was overwritten with another type",
+  taken: "another owner holds it now",
+  ended: "the server ended the hold",
+  "connection-closed": "its bound connection closed",
+};
+
+/** The shortest time between two re-reads of one key (ms). */
+export const RECHECK_SPACING_MS = 5;
+/** At least this long per holder between two re-reads of a key (ms). */
+export const SPACING_PER_HOLDER_MS = 0.05;
+/** Replace the registered set once more than this many prefixes are stale. */
+export const MAX_STALE = 64;
+/** Replace it once this many pushes came for keys no registration holds. */
+export const MAX_IGNORED_PUSHES = 4;
+/** The channel a RESP2 redirect target receives invalidations on. */
+export const INVALIDATE_CHANNEL = "__redis__:invalidate";
+
+/** `CLIENT TRACKING on REDIRECT <id> BCAST NOLOOP PREFIX p ...`. */
+export function trackingOn(redirect: bigint, prefixes: readonly string[]): Arg[] {
+  const out: Arg[] = ["CLIENT", "TRACKING", "on", "REDIRECT", redirect.toString(), "BCAST", "NOLOOP"];
+  for (const p of prefixes) out.push("PREFIX", p);
+  return out;
+}
+
+/** `CLIENT TRACKING off`. */
+export const TRACKING_OFF: readonly Arg[] = ["CLIENT", "TRACKING", "off"];
+
+/** Whether an error reply to a registration means the server will not track for us (an ACL
+ *  without `client|tracking`, an unknown subcommand). "Overlapping" prefixes are no refusal. */
+export function trackingRefused(errorText: string): boolean {
+  return !errorText.toLowerCase().includes("overlap");
+}
+
+/** The smallest prefix set covering `keys`: no member a prefix of another (sorted). */
+export function minimal(keys: Iterable<string>): string[] {
+  const sorted = [...new Set(keys)].sort(byBytes);
+  const out: string[] = [];
+  for (const k of sorted) {
+    const last = out[out.length - 1];
+    if (last !== undefined && k.startsWith(last)) continue;
+    out.push(k);
+  }
+  return out;
+}
+
+function byBytes(a: string, b: string): number {
+  return Buffer.compare(Buffer.from(a, "utf8"), Buffer.from(b, "utf8"));
+}
+
+/** The holders' owners in a `LOCK.INFO` reply (RESP2 flat key/value array); `undefined` when
+ *  the reply is not one; `null` when the key does not exist. */
+export function infoHolders(reply: Reply): string[] | null | undefined {
+  if (reply === null) return null;
+  if (!Array.isArray(reply) || reply.length % 2 !== 0) return undefined;
+  for (let i = 0; i < reply.length; i += 2) {
+    if (reply[i] === "holders") {
+      const hs = reply[i + 1];
+      if (!Array.isArray(hs)) return undefined;
+      const owners: string[] = [];
+      for (const h of hs) {
+        if (!Array.isArray(h) || typeof h[0] !== "string") return undefined;
+        owners.push(h[0]);
+      }
+      return owners;
+    }
+  }
+  return [];
+}
+
+/** A re-read's verdict for one owner: `decided` false when nothing can be concluded (the
+ *  re-read failed); otherwise `cause` null (still held) or the loss's cause. */
+export interface Verdict {
+  decided: boolean;
+  cause: LossCause | null;
+}
+
+/** Judges a re-read (`LOCK.INFO key`): its reply, or the error it ended with. */
+export function judge(reply: Reply | undefined, error: unknown, owner: string): Verdict {
+  if (error !== undefined && error !== null) {
+    if (error instanceof ServerReplyError && error.code === "WRONGTYPE") return { decided: true, cause: "overwritten" };
+    return { decided: false, cause: null };
+  }
+  if (reply === undefined) return { decided: false, cause: null };
+  if (reply instanceof ServerReplyError) {
+    return reply.code === "WRONGTYPE" ? { decided: true, cause: "overwritten" } : { decided: false, cause: null };
+  }
+  const holders = infoHolders(reply);
+  if (holders === undefined) return { decided: false, cause: null };
+  if (holders === null) return { decided: true, cause: "deleted" };
+  if (holders.includes(owner)) return { decided: true, cause: null };
+  return { decided: true, cause: holders.length > 0 ? "taken" : "ended" };
+}
+
+/** One watched hold. */
+export class Registration {
+  /** The number of the first re-read that may judge it. */
+  first = 0;
+  /** Found lost or removed. */
+  done = false;
+  /** Stopped by its owner: no report from now on. */
+  cancelled = false;
+  constructor(
+    readonly key: string,
+    readonly owner: string,
+  ) {}
+}
+
+/** What the face does next: send `commands` (replies checked with `registeredReply`), then
+ *  re-read `reads` (key, number). */
+export interface Plan {
+  commands: Arg[][];
+  reads: Array<[string, number]>;
+}
+
+export function emptyPlan(): Plan {
+  return { commands: [], reads: [] };
+}
+
+function extend(a: Plan, b: Plan): Plan {
+  a.commands.push(...b.commands);
+  a.reads.push(...b.reads);
+  return a;
+}
+
+/** The state of one server's watcher. */
+export class WatchCore {
+  readonly regs = new Map<string, Registration[]>();
+  registered = new Set<string>();
+  /** The subscriber's client id while tracking is set up on the command connection. */
+  redirect: bigint | null = null;
+  private inFlight = new Set<string>();
+  private due = new Set<string>();
+  private lastRead = new Map<string, number>();
+  private spacing = new Map<string, number>();
+  private ignored = 0;
+  private readsSent = 0;
+  /** The server refused tracking: why (the watcher is then off). */
+  refused: string | null = null;
+
+  watched(): boolean {
+    return this.regs.size > 0;
+  }
+
+  /** A held lock to watch: the registration to send (if its key is not covered) and a re-read. */
+  add(reg: Registration, now: number): Plan {
+    const list = this.regs.get(reg.key);
+    if (list) list.push(reg);
+    else this.regs.set(reg.key, [reg]);
+    reg.first = this.readsSent + 1;
+    if (this.redirect === null) return emptyPlan();
+    const plan: Plan = { commands: this.cover(reg.key), reads: [] };
+    return extend(plan, this.readNowOrDue(reg.key, now));
+  }
+
+  /** A registration ends (lost, or stopped). */
+  remove(reg: Registration): Plan {
+    reg.done = true;
+    const list = this.regs.get(reg.key);
+    const i = list ? list.indexOf(reg) : -1;
+    if (!list || i < 0) return emptyPlan();
+    list.splice(i, 1);
+    if (list.length === 0) {
+      this.regs.delete(reg.key);
+      this.due.delete(reg.key);
+      this.lastRead.delete(reg.key);
+      this.spacing.delete(reg.key);
+    }
+    if (this.redirect !== null && this.registered.size > this.regs.size + MAX_STALE) {
+      return { commands: this.rebuild(), reads: [] };
+    }
+    return emptyPlan();
+  }
+
+  /** Stops a registration: no report from now on. */
+  cancel(reg: Registration): Plan {
+    reg.cancelled = true;
+    return this.remove(reg);
+  }
+
+  covered(key: string): boolean {
+    for (const p of this.registered) if (key.startsWith(p)) return true;
+    return false;
+  }
+
+  private cover(key: string): Arg[][] {
+    if (this.covered(key)) return [];
+    for (const p of this.registered) if (p.startsWith(key)) return this.rebuild(key);
+    this.registered.add(key);
+    return [trackingOn(this.redirectId(), [key])];
+  }
+
+  private redirectId(): bigint {
+    if (this.redirect === null) throw new Error("watcher not connected");
+    return this.redirect;
+  }
+
+  /** Replaces the registered set by the watched keys' (and `also`): one transaction. */
+  private rebuild(also?: string): Arg[][] {
+    const keys = [...this.regs.keys()];
+    if (also !== undefined) keys.push(also);
+    const next = minimal(keys);
+    this.ignored = 0;
+    if (next.length === this.registered.size && next.every((p) => this.registered.has(p))) return [];
+    this.registered = new Set(next);
+    return this.replaceCommands(next);
+  }
+
+  private replaceCommands(set: string[]): Arg[][] {
+    const cmds: Arg[][] = [["MULTI"], [...TRACKING_OFF]];
+    if (set.length > 0) cmds.push(trackingOn(this.redirectId(), set));
+    cmds.push(["EXEC"]);
+    return cmds;
+  }
+
+  /** Tracking is to be set up (again) on a command connection, redirecting to `redirect`:
+   *  register every key (replacing whatever that connection had) and re-read every key. */
+  connected(redirect: bigint, now: number): Plan {
+    this.redirect = redirect;
+    this.inFlight.clear();
+    this.due.clear();
+    const set = minimal(this.regs.keys());
+    this.registered = new Set(set);
+    const plan: Plan = { commands: this.replaceCommands(set), reads: [] };
+    for (const key of this.regs.keys()) {
+      this.lastRead.delete(key);
+      extend(plan, this.readNowOrDue(key, now));
+    }
+    return plan;
+  }
+
+  /** The command or subscriber connection is gone: nothing is tracked until `connected`. */
+  disconnected(): void {
+    this.redirect = null;
+    this.registered = new Set();
+    this.inFlight.clear();
+  }
+
+  /** The reply to a registration command (an EXEC reply's inner errors included): whether the
+   *  connections must be set up again (the redirect target is gone). A refusal turns the
+   *  watcher off (`refused`). */
+  registeredReply(reply: Reply | undefined, error: unknown): boolean {
+    const errors: unknown[] = [];
+    if (error !== undefined && error !== null) errors.push(error);
+    if (Array.isArray(reply)) for (const r of reply) if (r instanceof ServerReplyError) errors.push(r);
+    let reconnect = false;
+    for (const e of errors) {
+      if (!(e instanceof ServerReplyError)) {
+        reconnect = true;
+        continue;
+      }
+      if (e.message.toLowerCase().includes("redirect")) reconnect = true;
+      else if (e.code === "EXECABORT") continue;
+      else if (trackingRefused(e.message)) this.refused = e.message;
+    }
+    return reconnect;
+  }
+
+  /** An invalidation (`null`: a flush, every key). */
+  message(keys: string[] | null, now: number): Plan {
+    let held: string[];
+    if (keys === null) held = [...this.regs.keys()];
+    else {
+      held = [];
+      for (const k of keys) {
+        if (this.regs.has(k)) held.push(k);
+        else this.ignored++;
+      }
+    }
+    const plan = emptyPlan();
+    for (const k of held) extend(plan, this.readNowOrDue(k, now));
+    if (this.ignored >= MAX_IGNORED_PUSHES && this.redirect !== null) plan.commands.push(...this.rebuild());
+    return plan;
+  }
+
+  private spacingOf(key: string): number {
+    return this.spacing.get(key) ?? RECHECK_SPACING_MS;
+  }
+
+  private tooSoon(key: string, now: number): boolean {
+    const last = this.lastRead.get(key);
+    return last !== undefined && now - last < this.spacingOf(key) - 1e-6;
+  }
+
+  private readNowOrDue(key: string, now: number): Plan {
+    if (this.inFlight.has(key) || this.tooSoon(key, now)) {
+      this.due.add(key);
+      return emptyPlan();
+    }
+    return { commands: [], reads: [this.startRead(key, now)] };
+  }
+
+  private startRead(key: string, now: number): [string, number] {
+    this.inFlight.add(key);
+    this.lastRead.set(key, now);
+    this.readsSent++;
+    return [key, this.readsSent];
+  }
+
+  /** When the next due re-read may go out (ms, the clock `now` is read from), if any. */
+  nextDue(): number | null {
+    let min: number | null = null;
+    for (const k of this.due) {
+      if (this.inFlight.has(k)) continue;
+      const t = (this.lastRead.get(k) ?? 0) + this.spacingOf(k);
+      if (min === null || t < min) min = t;
+    }
+    return min;
+  }
+
+  /** The due re-reads whose spacing is over. */
+  tick(now: number): Plan {
+    if (this.redirect === null) return emptyPlan();
+    const ready = [...this.due].filter((k) => !this.inFlight.has(k) && !this.tooSoon(k, now)).sort();
+    const plan = emptyPlan();
+    for (const k of ready) {
+      this.due.delete(k);
+      plan.reads.push(this.startRead(k, now));
+    }
+    return plan;
+  }
+
+  /** Re-read `number` of `key` came back (`error`: an error, or no answer): the registrations
+   *  found lost (now removed) with their causes. A re-read that decided nothing is due again. */
+  readDone(key: string, number: number, reply: Reply | undefined, error: unknown): Array<[Registration, LossCause]> {
+    this.inFlight.delete(key);
+    const list = this.regs.get(key);
+    if (!list || list.length === 0) return [];
+    const holders = error === undefined && reply !== undefined && !(reply instanceof ServerReplyError) ? infoHolders(reply) : undefined;
+    const n = holders === undefined || holders === null ? null : holders.length;
+    if (n !== null && n * SPACING_PER_HOLDER_MS > RECHECK_SPACING_MS) this.spacing.set(key, n * SPACING_PER_HOLDER_MS);
+    else this.spacing.delete(key);
+    const lost: Array<[Registration, LossCause]> = [];
+    let undecided = false;
+    for (const reg of [...list]) {
+      if (reg.done || reg.first > number) continue;
+      const v = judge(reply, error, reg.owner);
+      if (!v.decided) undecided = true;
+      else if (v.cause !== null) lost.push([reg, v.cause]);
+    }
+    for (const [reg] of lost) this.remove(reg);
+    if (undecided || (this.regs.get(key) ?? []).some((r) => r.first > number)) this.due.add(key);
+    return lost;
+  }
+
+  /** Re-reads that got no answer (the connection failed): the reconnect re-reads. */
+  connectionLostReads(reads: ReadonlyArray<[string, number]>): void {
+    for (const [key] of reads) this.inFlight.delete(key);
+  }
+}
