@@ -1,0 +1,457 @@
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import Redis, { Cluster } from "ioredis";
+import { createClient as createClient5 } from "redis";
+import { createClient as createClient4 } from "redis4";
+import {
+  ConnectionLostError,
+  ReplyTimeoutError,
+  ServerReplyError,
+  UnsafeIntegerReplyError,
+  isRedirect,
+  sendRouted,
+  targetFor,
+  type Conn,
+  type Reply,
+  type Target,
+} from "../src/driver/types.js";
+import { slotOf } from "../src/driver/slot.js";
+
+// temporary: replaced by test/kit at integration ------------------------------------------
+const MODULE = process.env["REDIS_LOCK_MODULE"] ?? "/work/main/target/debug/libredis_lock.so";
+const SERVER = process.env["REDIS_LOCK_SERVER"] ?? "redis-server";
+interface Srv { port: number; proc: ChildProcess; dir: string; stop(): Promise<void> }
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const a = s.address();
+      const port = typeof a === "object" && a ? a.port : 0;
+      s.close(() => resolve(port));
+    });
+  });
+}
+async function startServer(extra: (dir: string, port: number) => string[] = () => []): Promise<Srv> {
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), "rl-drv-"));
+  const args = ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, "--loadmodule", MODULE, ...extra(dir, port)];
+  const proc = spawn(SERVER, args, { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start: ${out}`)), 10_000);
+    proc.stdout?.on("data", (d: Buffer) => {
+      out += d.toString();
+      if (out.includes("Ready to accept connections")) { clearTimeout(timer); resolve(); }
+    });
+    proc.once("exit", (code) => { clearTimeout(timer); reject(new Error(`server exited ${code}: ${out}`)); });
+  });
+  proc.stdout?.resume();
+  proc.stderr?.resume();
+  return {
+    port, proc, dir,
+    stop: () => new Promise<void>((resolve) => {
+      if (proc.exitCode !== null) { rmSync(dir, { recursive: true, force: true }); resolve(); return; }
+      proc.once("exit", () => { rmSync(dir, { recursive: true, force: true }); resolve(); });
+      proc.kill("SIGKILL");
+    }),
+  };
+}
+// ---------------------------------------------------------------------------------------
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (await cond()) return;
+    await sleep(10);
+  }
+  assert.fail(`timed out waiting for ${what}`);
+}
+
+function infoField(reply: Reply, field: string): Reply | undefined {
+  if (!Array.isArray(reply)) return undefined;
+  for (let i = 0; i + 1 < reply.length; i += 2) if (reply[i] === field) return reply[i + 1];
+  return undefined;
+}
+
+async function cmdstat(admin: Redis, cmd: string): Promise<number> {
+  const info = await admin.info("commandstats");
+  const m = new RegExp(`cmdstat_${cmd.replace(".", "\\.")}:calls=(\\d+)`).exec(info);
+  return m ? Number(m[1]) : 0;
+}
+
+type Kind = "ioredis" | "node-redis-v4" | "node-redis-v5";
+const KINDS: Kind[] = ["ioredis", "node-redis-v4", "node-redis-v5"];
+
+interface UserClient { client: unknown; close(): Promise<void> }
+async function userClient(kind: Kind, port: number, tls?: { ca: string }): Promise<UserClient> {
+  if (kind === "ioredis") {
+    const r = new Redis({ host: "127.0.0.1", port, lazyConnect: true, ...(tls ? { tls: { ca: tls.ca, servername: "localhost" } } : {}) });
+    await r.connect();
+    return { client: r, close: async () => { r.disconnect(); } };
+  }
+  const socket = { host: "127.0.0.1", port, ...(tls ? { tls: true as const, ca: tls.ca, servername: "localhost" } : {}) };
+  if (kind === "node-redis-v4") {
+    const c = createClient4({ socket });
+    c.on("error", () => undefined);
+    await c.connect();
+    return { client: c, close: async () => { await c.disconnect().catch(() => undefined); } };
+  }
+  const c = createClient5({ socket });
+  c.on("error", () => undefined);
+  await c.connect();
+  return { client: c, close: async () => { if (c.isOpen) c.destroy(); } };
+}
+
+let srv: Srv;
+let admin: Redis;
+before(async () => {
+  srv = await startServer();
+  admin = new Redis({ host: "127.0.0.1", port: srv.port });
+});
+after(async () => {
+  admin.disconnect();
+  await srv.stop();
+});
+
+let keyN = 0;
+const newKey = (p: string) => `drv:${p}:${++keyN}`;
+
+for (const kind of KINDS) {
+  describe(`driver over ${kind}`, () => {
+    let uc: UserClient;
+    let target: Target;
+    before(async () => {
+      uc = await userClient(kind, srv.port);
+      target = targetFor(uc.client, { maxWaitConnections: 2 });
+    });
+    after(async () => {
+      await target.close();
+      await uc.close();
+    });
+
+    test("LOCK.* commands give exact bigint tokens and normalised replies", async () => {
+      assert.equal(target.isCluster, false);
+      assert.equal(target.name, `127.0.0.1:${srv.port}`);
+      const ep = await target.endpointFor("x");
+      const conn = await ep.command();
+      const key = newKey("tok");
+      const t1 = await conn.send(["LOCK.ACQUIRE", key, "A", "10000"]);
+      assert.equal(typeof t1, "bigint");
+      assert.ok((t1 as bigint) >= 1n);
+      assert.equal(await conn.send(["LOCK.ACQUIRE", key, "B", "10000"]), null);
+      const info = await conn.send(["LOCK.INFO", key]);
+      assert.equal(infoField(info, "mode"), "write");
+      assert.equal(infoField(info, "fence"), t1);
+      const holders = infoField(info, "holders");
+      assert.ok(Array.isArray(holders) && Array.isArray(holders[0]));
+      assert.equal((holders as Reply[][])[0]?.[0], "A");
+      assert.equal((holders as Reply[][])[0]?.[1], 1n);
+      assert.equal(await conn.send(["LOCK.RELEASE", key, "A"]), 0n);
+      const t2 = await conn.send(["LOCK.ACQUIRE", key, Buffer.from("B"), "10000"]);
+      assert.equal(typeof t2, "bigint");
+      assert.ok((t2 as bigint) > (t1 as bigint));
+      assert.equal(await conn.send(["PING"]), "PONG");
+      assert.equal(await conn.send(["GET", newKey("none")]), null);
+      // a string that looks like a number stays a string; an integer is a bigint
+      const sk = newKey("str");
+      await conn.send(["SET", sk, "12345"]);
+      assert.equal(await conn.send(["GET", sk]), "12345");
+      assert.equal(await conn.send(["STRLEN", sk]), 5n);
+    });
+
+    test("integers above 2^53 are exact (or refused by node-redis v4, never rounded)", async () => {
+      const conn = await (await target.endpointFor("x")).command();
+      const k = newKey("big");
+      const p = conn.send(["INCRBY", k, "9007199254740993"]);
+      if (kind === "node-redis-v4") await assert.rejects(p, UnsafeIntegerReplyError);
+      else assert.equal(await p, 9007199254740993n);
+    });
+
+    test("error replies are ServerReplyError with their code", async () => {
+      const conn = await (await target.endpointFor("x")).command();
+      const key = newKey("err");
+      await assert.rejects(conn.send(["LOCK.RELEASE", key, "nobody"]), (e: unknown) => e instanceof ServerReplyError && e.code === "NOTOWNER");
+      await conn.send(["SET", key, "v"]);
+      await assert.rejects(conn.send(["LOCK.ACQUIRE", key, "A", "1000"]), (e: unknown) => e instanceof ServerReplyError && e.code === "WRONGTYPE");
+      await assert.rejects(conn.send(["LOCK.ACQUIRE", key, "A", "0"]), (e: unknown) => e instanceof ServerReplyError && e.code === "ERR");
+      // errors inside an EXEC reply are ServerReplyError elements
+      const nk = newKey("exec");
+      await conn.send(["MULTI"]);
+      await conn.send(["LOCK.RELEASE", nk, "nobody"]);
+      await conn.send(["PING"]);
+      const exec = await conn.send(["EXEC"]);
+      assert.ok(Array.isArray(exec));
+      assert.ok(exec[0] instanceof ServerReplyError && exec[0].code === "NOTOWNER");
+      assert.equal(exec[1], "PONG");
+      // the connection is still usable
+      assert.equal(await conn.send(["PING"]), "PONG");
+    });
+
+    test("a deadline gives ReplyTimeoutError", async () => {
+      const ep = await target.endpointFor("x");
+      const key = newKey("deadline");
+      await admin.call("LOCK.ACQUIRE", key, "holder", "10000");
+      const conn = await ep.acquireWaitConn();
+      const t0 = Date.now();
+      await assert.rejects(conn.send(["LOCK.ACQUIRE", key, "W", "10000", "WAIT", "0"], 100), ReplyTimeoutError);
+      assert.ok(Date.now() - t0 < 2000);
+      conn.destroy();
+      await until("the waiter leaves", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 0n);
+    });
+
+    test("wait pool: at most maxWaitConnections busy, FIFO queue, abort leaves the queue, at most 2 idle", async () => {
+      const ep = await target.endpointFor("x");
+      const key = newKey("pool");
+      await admin.call("LOCK.ACQUIRE", key, "holder", "30000");
+      const c1 = await ep.acquireWaitConn();
+      const c2 = await ep.acquireWaitConn();
+      assert.notEqual(c1, c2);
+      const w1 = c1.send(["LOCK.ACQUIRE", key, "w1", "30000", "WAIT", "0"]);
+      await until("w1 queues first", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+      const w2 = c2.send(["LOCK.ACQUIRE", key, "w2", "30000", "WAIT", "0"]);
+      const order: string[] = [];
+      const ac = new AbortController();
+      const q3 = ep.acquireWaitConn().then((c) => { order.push("q3"); return c; });
+      const q4 = ep.acquireWaitConn(ac.signal).then((c) => { order.push("q4"); return c; });
+      const q5 = ep.acquireWaitConn().then((c) => { order.push("q5"); return c; });
+      await sleep(50);
+      assert.deepEqual(ep.poolStats(), { busy: 2, idle: 0, queued: 3 });
+      assert.deepEqual(order, []);
+      ac.abort();
+      await assert.rejects(q4);
+      assert.equal(ep.poolStats().queued, 2);
+      // the server sees two waiters, not more
+      assert.equal(infoField(normal(await admin.call("LOCK.INFO", key)), "waiting"), 2n);
+      await admin.call("LOCK.RELEASE", key, "holder");
+      assert.equal(typeof (await w1), "bigint");
+      ep.releaseWaitConn(c1);
+      const c3 = await q3;
+      assert.deepEqual(order, ["q3"]);
+      await admin.call("LOCK.RELEASE", key, "w1");
+      assert.equal(typeof (await w2), "bigint");
+      ep.releaseWaitConn(c2);
+      const c5 = await q5;
+      assert.deepEqual(order, ["q3", "q5"]);
+      ep.releaseWaitConn(c3);
+      ep.releaseWaitConn(c5);
+      assert.deepEqual(ep.poolStats(), { busy: 0, idle: 2, queued: 0 });
+      // an idle one is reused
+      const again = await ep.acquireWaitConn();
+      assert.ok(again === c3 || again === c5);
+      ep.releaseWaitConn(again);
+      await admin.call("LOCK.RELEASE", key, "w2");
+    });
+
+    test("destroy during a wait rejects with ConnectionLostError and the server drops the waiter", async () => {
+      const ep = await target.endpointFor("x");
+      const key = newKey("destroy");
+      await admin.call("LOCK.ACQUIRE", key, "holder", "30000");
+      const conn = await ep.acquireWaitConn();
+      const p = conn.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
+      await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+      let why = "";
+      conn.onClose((w) => { why = w; });
+      conn.destroy();
+      await assert.rejects(p, ConnectionLostError);
+      assert.equal(conn.closed, true);
+      assert.equal(why, "destroyed");
+      await until("the server drops the waiter", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 0n);
+      ep.releaseWaitConn(conn); // frees nothing twice
+      assert.equal(ep.poolStats().busy, 0);
+      await assert.rejects(conn.send(["PING"]), ConnectionLostError);
+    });
+
+    test("a wait is never re-sent after its connection is killed", async () => {
+      const ep = await target.endpointFor("x");
+      const key = newKey("kill");
+      await admin.call("LOCK.ACQUIRE", key, "holder", "30000");
+      const conn = await ep.acquireWaitConn();
+      const id = await conn.send(["CLIENT", "ID"]);
+      assert.equal(typeof id, "bigint");
+      await admin.config("RESETSTAT");
+      const p = conn.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
+      await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+      const closed = new Promise<string>((r) => conn.onClose(r));
+      await admin.call("CLIENT", "KILL", "ID", String(id));
+      await assert.rejects(p, ConnectionLostError);
+      assert.equal(await closed, "connection closed");
+      assert.equal(conn.closed, true);
+      await sleep(300);
+      assert.equal(await cmdstat(admin, "lock.acquire"), 1, "exactly one LOCK.ACQUIRE reached the server");
+      assert.equal(infoField(normal(await admin.call("LOCK.INFO", key)), "waiting"), 0n);
+      assert.equal(ep.poolStats().busy, 0, "a closed connection frees its place");
+      // the command connection is re-opened after it is killed
+      const cmd = await ep.command();
+      const cid = await cmd.send(["CLIENT", "ID"]);
+      await admin.call("CLIENT", "KILL", "ID", String(cid));
+      await until("the command connection is seen closed", () => cmd.closed);
+      const cmd2 = await ep.command();
+      assert.notEqual(cmd2, cmd);
+      assert.equal(await cmd2.send(["PING"]), "PONG");
+    });
+
+    test("user connections are never touched; quitUserClient closes the user's client", async () => {
+      const other = await userClient(kind, srv.port);
+      const t = targetFor(other.client);
+      const ep = await t.endpointFor("k");
+      await (await ep.command()).send(["PING"]);
+      const before = (await admin.call("CLIENT", "LIST")) as string;
+      await t.close();
+      await until("our connection closes", async () => ((await admin.call("CLIENT", "LIST")) as string).split("\n").length < before.split("\n").length);
+      await t.quitUserClient();
+      await other.close();
+    });
+  });
+}
+
+/** ioredis' own reply (admin connection) in our Reply shape, for infoField. */
+function normal(x: unknown): Reply {
+  if (x === null || x === undefined) return null;
+  if (typeof x === "number") return BigInt(x);
+  if (typeof x === "string") return x;
+  if (Buffer.isBuffer(x)) return x.toString();
+  if (Array.isArray(x)) return x.map(normal);
+  return String(x);
+}
+
+test("targetFor refuses what it cannot drive", () => {
+  assert.throws(() => targetFor({}), TypeError);
+  assert.throws(() => targetFor(null), TypeError);
+  assert.throws(() => targetFor(admin, { maxWaitConnections: 0 }), RangeError);
+});
+
+describe("TLS through the user's client options", () => {
+  let dir: string;
+  let tsrv: Srv;
+  let ca: string;
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), "rl-tls-"));
+    const o = (args: string[]) => execFileSync("openssl", args, { cwd: dir, stdio: "ignore" });
+    o(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca"]);
+    o(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost"]);
+    writeFileSync(join(dir, "ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+    o(["x509", "-req", "-in", "srv.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.crt", "-days", "1", "-extfile", "ext.cnf"]);
+    ca = (await import("node:fs")).readFileSync(join(dir, "ca.crt"), "utf8");
+    tsrv = await startServer((_d, port) => ["--port", "0", "--tls-port", String(port), "--tls-cert-file", join(dir, "srv.crt"), "--tls-key-file", join(dir, "srv.key"), "--tls-ca-cert-file", join(dir, "ca.crt"), "--tls-auth-clients", "no"]);
+  });
+  after(async () => {
+    await tsrv.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  for (const kind of KINDS) {
+    test(`${kind}: command, wait and subscriber connections use TLS`, async () => {
+      const uc = await userClient(kind, tsrv.port, { ca });
+      const t = targetFor(uc.client);
+      try {
+        const ep = await t.endpointFor("k");
+        const cmd = await ep.command();
+        const tok = await cmd.send(["LOCK.ACQUIRE", "tls:k", `o-${kind}`, "10000"]);
+        assert.equal(typeof tok, "bigint");
+        const w = await ep.acquireWaitConn();
+        const tok2 = await w.send(["LOCK.ACQUIRE", "tls:k2", `o-${kind}`, "10000", "WAIT", "100"]);
+        assert.equal(typeof tok2, "bigint");
+        ep.releaseWaitConn(w);
+        const sub = await ep.subscribeInvalidations(() => undefined);
+        assert.equal(typeof sub.id, "bigint");
+        sub.destroy();
+        await cmd.send(["LOCK.RELEASE", "tls:k", `o-${kind}`]);
+        await cmd.send(["LOCK.RELEASE", "tls:k2", `o-${kind}`]);
+      } finally {
+        await t.close();
+        await uc.close();
+      }
+    });
+  }
+});
+
+describe("ioredis Cluster", () => {
+  const nodes: Srv[] = [];
+  let cluster: Cluster;
+  let target: Target;
+  before(async () => {
+    for (let i = 0; i < 3; i++) {
+      nodes.push(await startServer((d, port) => ["--cluster-enabled", "yes", "--cluster-config-file", join(d, `nodes-${port}.conf`), "--cluster-node-timeout", "2000"]));
+    }
+    execFileSync("redis-cli", ["--cluster", "create", ...nodes.map((n) => `127.0.0.1:${n.port}`), "--cluster-replicas", "0", "--cluster-yes"], { stdio: "ignore" });
+    for (const n of nodes) {
+      const c = new Redis({ host: "127.0.0.1", port: n.port });
+      await until("cluster ok", async () => ((await c.call("CLUSTER", "INFO")) as string).includes("cluster_state:ok"), 20_000);
+      c.disconnect();
+    }
+    cluster = new Cluster(nodes.map((n) => ({ host: "127.0.0.1", port: n.port })));
+    await until("ioredis cluster ready", () => cluster.status === "ready", 10_000);
+    target = targetFor(cluster);
+  });
+  after(async () => {
+    await target?.close();
+    cluster?.disconnect();
+    for (const n of nodes) await n.stop();
+  });
+
+  test("slotOf is Redis Cluster's key slot", async () => {
+    const conn = new Redis({ host: "127.0.0.1", port: nodes[0]?.port ?? 0 });
+    try {
+      for (const k of ["", "a", "foo", "{user1000}.following", "lock:x", "ünïcode", "{}x", "a{b}c{d}"]) {
+          assert.equal(slotOf(k), Number(await conn.call("CLUSTER", "KEYSLOT", k)), k);
+      }
+    } finally {
+      conn.disconnect();
+    }
+  });
+
+  test("routes by slot; tokens exact; waits on the key's node", async () => {
+    assert.equal(target.isCluster, true);
+    const names = new Set<string>();
+    for (const key of ["c:a", "c:b", "c:c", "c:d", "c:e", "c:f"]) {
+      const ep = await target.endpointFor(key);
+      names.add(ep.name);
+      const tok = await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "10000"]);
+      assert.equal(typeof tok, "bigint");
+      const w = await ep.acquireWaitConn();
+      assert.equal(await w.send(["LOCK.ACQUIRE", key, "B", "10000", "WAIT", "20"]), null);
+      ep.releaseWaitConn(w);
+      assert.equal(await sendRouted(target, key, ["LOCK.RELEASE", key, "A"]), 0n);
+    }
+    assert.ok(names.size >= 2, `keys spread over nodes: ${[...names].join(",")}`);
+  });
+
+  test("MOVED is followed (slot moved to another node)", async () => {
+    const key = "c:moving";
+    const slot = slotOf(key);
+    const from = await target.endpointFor(key);
+    const fromPort = Number(from.name.split(":")[1]);
+    const toSrv = nodes.find((n) => n.port !== fromPort);
+    assert.ok(toSrv);
+    const src = new Redis({ host: "127.0.0.1", port: fromPort });
+    const dst = new Redis({ host: "127.0.0.1", port: toSrv.port });
+    try {
+      const tok = await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "30000"]);
+      const dstId = (await dst.call("CLUSTER", "MYID")) as string;
+      const srcId = (await src.call("CLUSTER", "MYID")) as string;
+      await dst.call("CLUSTER", "SETSLOT", String(slot), "IMPORTING", srcId);
+      await src.call("CLUSTER", "SETSLOT", String(slot), "MIGRATING", dstId);
+      await src.call("MIGRATE", "127.0.0.1", String(toSrv.port), key, "0", "5000");
+      for (const c of [dst, src]) await c.call("CLUSTER", "SETSLOT", String(slot), "NODE", dstId);
+      // the stale route answers MOVED: the driver follows it
+      const conn = await from.command();
+      await assert.rejects(conn.send(["LOCK.INFO", key]), (e: unknown) => isRedirect(e) && e.code === "MOVED");
+      assert.equal(await sendRouted(target, key, ["LOCK.EXTEND", key, "A", "30000"]), 1n);
+      const info = await sendRouted(target, key, ["LOCK.INFO", key]);
+      assert.equal(infoField(info, "fence"), tok, "the lock moved with its token");
+      assert.equal((await target.endpointFor(key)).name, `127.0.0.1:${toSrv.port}`);
+      await sendRouted(target, key, ["LOCK.RELEASE", key, "A"]);
+    } finally {
+      src.disconnect();
+      dst.disconnect();
+    }
+  });
+});
+
+export type { Conn };
