@@ -279,8 +279,9 @@ for (const kind of KINDS) {
       const p = conn.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
       await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
       const closed = new Promise<string>((r) => conn.onClose(r));
+      const rejected = assert.rejects(p, ConnectionLostError); // attached before the kill
       await admin.call("CLIENT", "KILL", "ID", String(id));
-      await assert.rejects(p, ConnectionLostError);
+      await rejected;
       assert.equal(await closed, "connection closed");
       assert.equal(conn.closed, true);
       await sleep(300);
