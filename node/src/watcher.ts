@@ -37,10 +37,15 @@ function now(): number {
 }
 
 class Reg extends Registration {
+  /** Reported to its owner (once). */
+  reported = false;
+  /** A PING over the bound connection is out. */
+  checking = false;
   constructor(
     key: string,
     owner: string,
     readonly onLost: (cause: LossCause, detail: string) => void,
+    readonly bound: Conn | undefined,
   ) {
     super(key, owner);
   }
@@ -81,16 +86,36 @@ class EndpointWatcher {
     this.maybeIdle();
   }
 
+  /** A loss found (a re-read's verdict, or a bound connection's close). A bound hold found
+   *  gone by a re-read is reported as "connection-closed" when its connection turns out to be
+   *  closed (the server's notice of the ended hold can overtake the socket's close): one PING
+   *  over it tells. */
   lost(reg: Reg, cause: LossCause): void {
-    if (reg.cancelled) return;
+    if (reg.cancelled || reg.reported) return;
     if (!reg.done) this.core.remove(reg);
-    reg.cancelled = true;
+    const bound = reg.bound;
+    if (cause === "connection-closed" || !bound) {
+      this.report(reg, cause);
+    } else if (bound.closed) {
+      this.report(reg, "connection-closed");
+    } else if (!reg.checking) {
+      reg.checking = true;
+      bound.send(["PING"], 1000).then(
+        () => this.report(reg, bound.closed ? "connection-closed" : cause),
+        () => this.report(reg, "connection-closed"),
+      );
+    }
+    this.maybeIdle();
+  }
+
+  private report(reg: Reg, cause: LossCause): void {
+    if (reg.cancelled || reg.reported) return;
+    reg.reported = true;
     try {
       reg.onLost(cause, LOSS_DESCRIPTIONS[cause]);
     } catch {
       // a callback's failure must not end the watcher
     }
-    this.maybeIdle();
   }
 
   private maybeIdle(): void {
@@ -196,11 +221,15 @@ class EndpointWatcher {
     if (this.sub !== sub) return;
     const plan = this.core.message(keys, now());
     if (this.tracked && this.up()) void this.execute(this.tracked, plan);
+    else this.arm();
   }
 
   /** Sends a plan's commands then its re-reads, pipelined, over `conn`; judges the re-reads. */
   private async execute(conn: Conn, plan: Plan): Promise<void> {
-    if (plan.commands.length === 0 && plan.reads.length === 0) return;
+    if (plan.commands.length === 0 && plan.reads.length === 0) {
+      this.arm();
+      return;
+    }
     const cmdReplies = plan.commands.map((c) => settle(conn.send(c, IO_DEADLINE_MS)));
     const readReplies = plan.reads.map(([key]) => settle(conn.send(["LOCK.INFO", key], IO_DEADLINE_MS)));
     let reconnect = false;
@@ -276,8 +305,8 @@ export async function watchHold(
     watchers.set(endpoint, w);
   }
   const watcher = w;
-  const reg = new Reg(key, owner, onLost);
   const bound = opts.boundConn;
+  const reg = new Reg(key, owner, onLost, bound);
   if (bound) {
     bound.onClose(() => watcher.lost(reg, "connection-closed"));
   }
@@ -285,6 +314,10 @@ export async function watchHold(
   return {
     stop(): void {
       if (reg.cancelled) return;
+      if (reg.done) {
+        reg.cancelled = true;
+        return;
+      }
       watcher.remove(reg);
     },
   };
