@@ -317,7 +317,7 @@ export class WatchCore {
   }
 
   private readNowOrDue(key: string, now: number): Plan {
-    if (this.inFlight.has(key) || this.tooSoon(key, now)) {
+    if (this.redirect === null || this.inFlight.has(key) || this.tooSoon(key, now)) {
       this.due.add(key);
       return emptyPlan();
     }
