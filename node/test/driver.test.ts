@@ -15,6 +15,7 @@ import {
   UnsafeIntegerReplyError,
   isRedirect,
   sendRouted,
+  sendWaitRouted,
   targetFor,
   type Conn,
   type Reply,
@@ -448,6 +449,43 @@ describe("ioredis Cluster", () => {
       assert.equal(infoField(info, "fence"), tok, "the lock moved with its token");
       assert.equal((await target.endpointFor(key)).name, `127.0.0.1:${toSrv.port}`);
       await sendRouted(target, key, ["LOCK.RELEASE", key, "A"]);
+    } finally {
+      src.disconnect();
+      dst.disconnect();
+    }
+  });
+
+  test("a wait whose key moves away is answered by the source and sent again where the key lives", async () => {
+    const key = "c:wait-moving";
+    const slot = slotOf(key);
+    const from = await target.endpointFor(key);
+    const fromPort = Number(from.name.split(":")[1]);
+    const toSrv = nodes.find((n) => n.port !== fromPort);
+    assert.ok(toSrv);
+    const src = new Redis({ host: "127.0.0.1", port: fromPort });
+    const dst = new Redis({ host: "127.0.0.1", port: toSrv.port });
+    try {
+      const tokA = await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "30000"]);
+      await src.config("RESETSTAT");
+      let sends = 0;
+      const waiting = sendWaitRouted(target, key, () => { sends++; return ["LOCK.ACQUIRE", key, "B", "30000", "WAIT", "20000"]; });
+      await until("B queues on the source", async () => infoField(normal(await src.call("LOCK.INFO", key)), "waiting") === 1n);
+      const dstId = (await dst.call("CLUSTER", "MYID")) as string;
+      const srcId = (await src.call("CLUSTER", "MYID")) as string;
+      await dst.call("CLUSTER", "SETSLOT", String(slot), "IMPORTING", srcId);
+      await src.call("CLUSTER", "SETSLOT", String(slot), "MIGRATING", dstId);
+      await src.call("MIGRATE", "127.0.0.1", String(toSrv.port), key, "0", "5000");
+      for (const c of [dst, src]) await c.call("CLUSTER", "SETSLOT", String(slot), "NODE", dstId);
+      await until("B queues on the target", async () => infoField(normal(await dst.call("LOCK.INFO", key)), "waiting") === 1n);
+      assert.equal(await sendRouted(target, key, ["LOCK.RELEASE", key, "A"]), 0n);
+      const res = await waiting;
+      assert.equal(typeof res.reply, "bigint");
+      assert.ok((res.reply as bigint) > (tokA as bigint), "the token goes on from the moved lock's");
+      assert.equal(res.endpoint.name, `127.0.0.1:${toSrv.port}`);
+      assert.ok(sends >= 2);
+      assert.equal(await cmdstat(src, "lock.acquire"), 1, "the source saw the wait once");
+      res.endpoint.releaseWaitConn(res.conn);
+      await sendRouted(target, key, ["LOCK.RELEASE", key, "B"]);
     } finally {
       src.disconnect();
       dst.disconnect();

@@ -5,7 +5,7 @@
  */
 import { IoredisClusterTarget, IoredisTarget, type IoredisClusterLike, type IoredisLike } from "./ioredis.js";
 import { NodeRedisTarget, type NodeRedisLike } from "./noderedis.js";
-import { UnsupportedClientError, isRedirect, type Arg, type Reply, type Target, type TargetOptions } from "./types.js";
+import { ServerReplyError, UnsupportedClientError, isRedirect, type Arg, type Conn, type Endpoint, type Reply, type Target, type TargetOptions } from "./types.js";
 
 function isObject(x: unknown): x is Record<string, unknown> {
   return x !== null && typeof x === "object";
@@ -56,6 +56,60 @@ export async function sendRouted(target: Target, key: string, args: Arg[], deadl
       if (!isRedirect(e) || i >= attempts) throw e;
       await target.rerouted(key, e);
       if (e.code !== "MOVED") await sleep(Math.min(200, 10 * 2 ** (i - 1)));
+    }
+  }
+}
+
+/** What {@link sendWaitRouted} gives back: the reply, and the wait connection it came on (the
+ *  caller keeps it for a bound hold, or hands it back with `endpoint.releaseWaitConn`). */
+export interface WaitResult {
+  reply: Reply;
+  conn: Conn;
+  endpoint: Endpoint;
+}
+
+/** Sends one blocking wait about `key` on a wait connection of the endpoint serving it. A wait
+ *  the server *answered* with MOVED / ASK / TRYAGAIN / CLUSTERDOWN (its key moved away while
+ *  it was queued: SPEC "Moving keys") is sent again where the key lives now, with fresh
+ *  arguments from `args()` (the time left); a wait with no answer (connection lost, deadline,
+ *  abort) is never sent again: its connection is destroyed and the error thrown
+ *  (ConnectionLostError, ReplyTimeoutError, or the signal's reason). */
+export async function sendWaitRouted(
+  target: Target,
+  key: string,
+  args: () => Arg[],
+  opts: { signal?: AbortSignal; deadlineMs?: () => number | undefined; attempts?: number } = {},
+): Promise<WaitResult> {
+  const attempts = opts.attempts ?? 8;
+  for (let i = 1; ; i++) {
+    const endpoint = await target.endpointFor(key);
+    const conn = await endpoint.acquireWaitConn(opts.signal);
+    let onAbort: (() => void) | undefined;
+    try {
+      const sent = conn.send(args(), opts.deadlineMs?.());
+      const reply = opts.signal
+        ? await new Promise<Reply>((resolve, reject) => {
+            const signal = opts.signal as AbortSignal;
+            onAbort = () => reject(signal.reason ?? new Error("aborted"));
+            if (signal.aborted) onAbort();
+            else signal.addEventListener("abort", onAbort, { once: true });
+            sent.then(resolve, reject);
+          })
+        : await sent;
+      return { reply, conn, endpoint };
+    } catch (e) {
+      if (isRedirect(e) && i < attempts) {
+        // answered: the connection is in step and the wait is over; sent again where the key is
+        endpoint.releaseWaitConn(conn);
+        await target.rerouted(key, e);
+        if (e.code !== "MOVED") await sleep(Math.min(200, 10 * 2 ** (i - 1)));
+        continue;
+      }
+      if (e instanceof ServerReplyError) endpoint.releaseWaitConn(conn);
+      else conn.destroy(); // cut short: never reused, never re-sent
+      throw e;
+    } finally {
+      if (onAbort && opts.signal) opts.signal.removeEventListener("abort", onAbort);
     }
   }
 }

@@ -145,4 +145,4 @@ export function isRedirect(err: unknown): err is ServerReplyError {
   );
 }
 
-export { targetFor, sendRouted } from "./target.js";
+export { targetFor, sendRouted, sendWaitRouted, type WaitResult } from "./target.js";
