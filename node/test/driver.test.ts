@@ -323,6 +323,40 @@ function normal(x: unknown): Reply {
   return String(x);
 }
 
+test("the user's timeouts, legacy mode and RESP3 do not reach our connections", async () => {
+  const key = newKey("opts");
+  await admin.call("LOCK.ACQUIRE", key, "holder", "400");
+  const io = new Redis({ host: "127.0.0.1", port: srv.port, commandTimeout: 100, socketTimeout: 150, keyPrefix: "pfx:" });
+  const v5 = createClient5({ socket: { host: "127.0.0.1", port: srv.port, socketTimeout: 150 }, RESP: 3 });
+  v5.on("error", () => undefined);
+  await v5.connect();
+  const v4 = createClient4({ socket: { host: "127.0.0.1", port: srv.port }, legacyMode: true });
+  v4.on("error", () => undefined);
+  await v4.connect();
+  const targets = [targetFor(io), targetFor(v5), targetFor(v4)];
+  try {
+    const waits = targets.map(async (t, i) => {
+      const ep = await t.endpointFor(key);
+      const c = await ep.acquireWaitConn();
+      const r = await c.send(["LOCK.ACQUIRE", key, `w${i}`, "100", "WAIT", "3000"]);
+      ep.releaseWaitConn(c);
+      return r;
+    });
+    const got = await Promise.all(waits);
+    for (const r of got) assert.equal(typeof r, "bigint", "each waited past the user's timeouts and was granted in turn");
+    // a key prefix of the user's is not applied by us (documented)
+    const cmd = await (await targets[0]!.endpointFor(key)).command();
+    const plain = newKey("plain");
+    await cmd.send(["SET", plain, "v"]);
+    assert.equal(await admin.get(plain), "v");
+  } finally {
+    for (const t of targets) await t.close();
+    io.disconnect();
+    if (v5.isOpen) v5.destroy();
+    await v4.disconnect().catch(() => undefined);
+  }
+});
+
 test("targetFor refuses what it cannot drive", () => {
   assert.throws(() => targetFor({}), TypeError);
   assert.throws(() => targetFor(null), TypeError);

@@ -57,6 +57,8 @@ export const IOREDIS_OVERRIDES: Readonly<Record<string, unknown>> = {
   reconnectOnError: null,
   enableAutoPipelining: false,
   commandTimeout: undefined,
+  socketTimeout: undefined,
+  blockingTimeout: undefined,
   keyPrefix: "",
   monitor: false,
   readOnly: false,

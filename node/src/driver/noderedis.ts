@@ -166,13 +166,16 @@ export class NodeRedisFactory implements ConnFactory {
     this.v5 = typeof base.withTypeMapping === "function";
   }
   private async dup(): Promise<NodeRedisLike> {
-    const socket = { ...(this.base.options?.socket ?? {}), reconnectStrategy: false };
+    // No reconnect; no socket timeout (a wait may block for long: our own deadlines apply).
+    const socket: Record<string, unknown> = { ...(this.base.options?.socket ?? {}), reconnectStrategy: false };
+    delete socket["socketTimeout"];
     const overrides: Record<string, unknown> = { socket, disableOfflineQueue: true };
     if (this.v5) {
       overrides["RESP"] = 2;
       overrides["commandOptions"] = undefined;
       overrides["clientSideCache"] = undefined;
       overrides["pingInterval"] = undefined;
+      overrides["maintNotifications"] = "disabled"; // RESP3-only: refused with RESP2 otherwise
     } else {
       overrides["legacyMode"] = false;
       overrides["isolationPoolOptions"] = undefined;
