@@ -22,6 +22,7 @@ import {
   type Target,
 } from "../src/driver/types.js";
 import { slotOf } from "../src/driver/slot.js";
+import { watchHold, type LossCause } from "../src/watcher.js";
 
 // temporary: replaced by test/kit at integration ------------------------------------------
 const MODULE = process.env["REDIS_LOCK_MODULE"] ?? "/work/main/target/debug/libredis_lock.so";
@@ -361,6 +362,29 @@ test("the user's timeouts, legacy mode and RESP3 do not reach our connections", 
   }
 });
 
+test("close() rejects in-flight waits and queued acquisitions with ConnectionLostError", async () => {
+  const uc = new Redis({ host: "127.0.0.1", port: srv.port });
+  const t = targetFor(uc, { maxWaitConnections: 1 });
+  try {
+    const key = newKey("close");
+    await admin.call("LOCK.ACQUIRE", key, "holder", "30000");
+    const ep = await t.endpointFor(key);
+    const c = await ep.acquireWaitConn();
+    const w = c.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
+    const wChecked = assert.rejects(w, ConnectionLostError);
+    const queued = assert.rejects(ep.acquireWaitConn(), ConnectionLostError);
+    await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+    await t.close();
+    await wChecked;
+    await queued;
+    await assert.rejects(ep.command(), ConnectionLostError);
+    await until("the server drops the waiter", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 0n);
+    await admin.call("LOCK.RELEASE", key, "holder");
+  } finally {
+    uc.disconnect();
+  }
+});
+
 test("targetFor refuses what it cannot drive", () => {
   assert.throws(() => targetFor({}), TypeError);
   assert.throws(() => targetFor(null), TypeError);
@@ -460,6 +484,23 @@ describe("ioredis Cluster", () => {
       assert.equal(await sendRouted(target, key, ["LOCK.RELEASE", key, "A"]), 0n);
     }
     assert.ok(names.size >= 2, `keys spread over nodes: ${[...names].join(",")}`);
+  });
+
+  test("the watcher works on a cluster node's endpoint", async () => {
+    const key = "c:watched";
+    const ep = await target.endpointFor(key);
+    assert.equal(typeof (await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "30000"])), "bigint");
+    const losses: LossCause[] = [];
+    const h = await watchHold(ep, key, "A", {}, (c) => losses.push(c));
+    const node = new Redis({ host: "127.0.0.1", port: Number(ep.name.split(":")[1]) });
+    try {
+      await node.del(key);
+      await until("the loss", () => losses.length > 0);
+      assert.deepEqual(losses, ["deleted"]);
+    } finally {
+      h.stop();
+      node.disconnect();
+    }
   });
 
   test("MOVED is followed (slot moved to another node)", async () => {
