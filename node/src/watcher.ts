@@ -180,7 +180,12 @@ class EndpointWatcher {
     if (!this.unhook) this.unhook = this.endpoint.onCommandOpen((conn) => this.track(conn));
     const cur = this.endpoint.currentCommand();
     if (cur) await this.track(cur);
-    else await this.endpoint.command(); // the hook tracks it
+    else {
+      // The hook tracks a connection opened from now on; one whose opening had passed its
+      // hooks already is tracked here.
+      const conn = await this.endpoint.command();
+      if (this.tracked !== conn) await this.track(conn);
+    }
   }
 
   /** Turns tracking on for `conn` (a command connection) redirected to the subscriber. */
