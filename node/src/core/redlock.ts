@@ -92,6 +92,11 @@ type Phase =
   | { kind: "backoff" }
   | { kind: "finished" };
 
+/** True when a server may hold some resource after these outcomes (granted, or no answer: it may grant late). */
+function mayHold(outcomes: readonly (Outcome | undefined)[] | undefined): boolean {
+  return (outcomes ?? []).some((o) => !!o && (o.kind === "granted" || o.kind === "unreachable"));
+}
+
 /** The outcome standing for a server's vote. */
 function voteOutcome(v: Vote): Outcome {
   return v.kind === "for" ? { kind: "granted", token: v.tokens[0] ?? 0n } : v.outcome;
@@ -221,10 +226,9 @@ export class RedlockAttempts {
     const outcomes = list.map(voteOutcome);
     const answered = outcomes.map((o) => o.kind !== "unreachable");
     // Give back what we got, and whatever a slow server may still grant later.
-    const to = list
-      .map((v, server) => ({ v, server }))
-      .filter(({ v }) => v.kind === "for" || v.granted > 0 || v.outcome.kind === "unreachable")
-      .map(({ server }) => ({ server, commands: this.release() }));
+    const to = this.all()
+      .filter((server) => mayHold(replies[server]))
+      .map((server) => ({ server, commands: this.release() }));
     const failure: Failure = tokens.size >= this.quorum ? { kind: "expired" } : classify(outcomes, this.quorum);
     if (to.length > 0) {
       this.phase = { kind: "released", failure, outcomes, answered };
@@ -266,14 +270,14 @@ export class RedlockAttempts {
       outcomes[designated] = o;
       this.round = this.all().map((s) => (s === designated ? v : { kind: "against", outcome: { kind: "busy" }, granted: 0 }));
       const failure = classify([o], 1);
-      if (v.granted > 0) {
+      if (mayHold(replies[designated])) {
         this.phase = { kind: "queue-given-back", next: "fail", failure, outcomes };
         return { kind: "send", what: "release", to: [{ server: designated, commands: this.release() }] };
       }
       return this.fail(failure, outcomes);
     }
     const after: "attempt" | "backoff" | "poll" = o.kind === "busy" ? "attempt" : o.kind === "refused" ? "backoff" : "poll";
-    if (v.granted > 0 || o.kind === "unreachable") {
+    if (mayHold(replies[designated])) {
       // Part of the resources was granted (or the server may grant late): give it back first.
       this.phase = { kind: "queue-given-back", next: after };
       return { kind: "send", what: "release", to: [{ server: designated, commands: this.release() }] };
