@@ -9,6 +9,7 @@ import { randomBytes } from "node:crypto";
 import { targetFor, ServerReplyError, type Arg, type Conn, type Endpoint, type Reply, type Target } from "./driver/index.js";
 import { watchHold } from "./watcher.js";
 import {
+  ConnectionLimitError,
   ExecutionError,
   InvalidRequestError,
   LockLostError,
@@ -29,6 +30,7 @@ import {
   releaseArgs,
   vote,
   voteError,
+  waitArg,
   type AcquireSpec,
   type Kind,
   type Outcome,
@@ -208,40 +210,73 @@ export default class Redlock extends EventEmitter {
   }
 
   /**
-   * One server-side wait on a wait connection (never re-sent). Cut short by the deadline (wait +
-   * 1 s) or the signal: the connection is destroyed and the owner's possible grant given back.
+   * One server-side wait of `wait` ms on a wait connection (never re-sent; `build(ms)` makes the
+   * command for the wait left once a connection is free). Cut short by the deadline (wait + 1 s)
+   * or the signal: the connection is destroyed and the owner's possible grant given back. A
+   * bound request (`bind`) keeps its connection: `keep(conn)` hands it to the caller, who
+   * destroys it on failure; otherwise the connection goes back to the pool after a reply.
    */
-  private async waitOn(t: Target, ep: Endpoint, key: string, owner: string, args: Arg[], wait: number, signal: AbortSignal | undefined, bound: Conn | undefined, keepConn: (c: Conn) => void): Promise<Outcome> {
+  private async waitOn(
+    t: Target,
+    ep: Endpoint,
+    key: string,
+    owner: string,
+    build: (wait: number) => Arg[],
+    wait: number,
+    signal: AbortSignal | undefined,
+    bound: Conn | undefined,
+    keep: ((c: Conn) => void) | undefined,
+    rerouted = false,
+  ): Promise<Outcome> {
+    const t0 = now();
     let conn: Conn;
-    try {
-      conn = bound ?? (await ep.acquireWaitConn(signal));
-    } catch (e) {
-      if (signal?.aborted) throw signal.reason;
-      return errorOutcome(e);
+    if (bound) conn = bound;
+    else {
+      // The pool may make us wait (maxWaitConnections): no longer than the wait itself.
+      const gate = new AbortController();
+      const onAbort = (): void => gate.abort(signal?.reason);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const timer = wait === Infinity ? undefined : setTimeout(() => gate.abort(new ConnectionLimitError(`every wait connection to ${ep.name} stayed busy for the whole wait (${Math.ceil(wait)} ms): raise maxWaitConnections, or wait longer`)), Math.ceil(wait));
+      try {
+        conn = await ep.acquireWaitConn(gate.signal);
+      } catch (e) {
+        if (signal?.aborted) throw signal.reason;
+        if (gate.signal.aborted && gate.signal.reason instanceof ConnectionLimitError) throw gate.signal.reason;
+        return errorOutcome(e);
+      } finally {
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      }
+      keep?.(conn);
     }
-    keepConn(conn);
-    const deadline = wait === Infinity ? undefined : Math.ceil(wait) + WAIT_REPLY_MARGIN;
+    const left = wait === Infinity ? Infinity : Math.max(1, wait - (now() - t0));
+    const deadline = left === Infinity ? undefined : Math.ceil(left) + WAIT_REPLY_MARGIN;
     const onAbort = (): void => conn.destroy();
     signal?.addEventListener("abort", onAbort, { once: true });
     let cut = false;
     let outcome: Outcome;
     try {
-      outcome = acquireOutcome(await conn.send(args, deadline));
+      if (signal?.aborted) throw signal.reason;
+      outcome = acquireOutcome(await conn.send(build(left), deadline));
     } catch (e) {
       outcome = acquireOutcome(e instanceof Error ? e : new Error(String(e)));
-      if (outcome.kind === "unreachable") {
-        cut = true;
-        conn.destroy();
-      }
+      if (outcome.kind === "unreachable") cut = true;
     } finally {
       signal?.removeEventListener("abort", onAbort);
     }
     if (cut || signal?.aborted) {
-      if (!cut) conn.destroy();
+      conn.destroy();
       await this.giveBack(t, key, owner);
       if (signal?.aborted) throw signal.reason;
-    } else if (!bound && !(args.includes("BIND") && outcome.kind === "granted")) {
-      ep.releaseWaitConn(conn);
+      return outcome;
+    }
+    if (!keep) ep.releaseWaitConn(conn);
+    if (outcome.kind === "redirect" && !rerouted) {
+      // Not queued there: ask where the key lives now (once).
+      await t.rerouted(key, new ServerReplyError(outcome.text));
+      const again = await t.endpointFor(key);
+      if (keep && again !== ep) return outcome;
+      return this.waitOn(t, again, key, owner, build, wait === Infinity ? Infinity : Math.max(1, wait - (now() - t0)), signal, bound ?? (keep ? conn : undefined), keep, true);
     }
     return outcome;
   }
@@ -291,8 +326,9 @@ export default class Redlock extends EventEmitter {
         ? await this.acquireOne(keys, spec, owner, wait, s, attempts)
         : await this.acquireQuorum(keys, spec, owner, wait, s, attempts);
     const lock = makeLock(this, hold, attempts, Date.now() + Math.max(0, hold.lease.validUntil - now()));
-    this.live.add(hold);
+    if (hold.bound.size > 0) this.live.add(hold);
     if (opts.watch || s.onLost) {
+      this.live.add(hold);
       if (s.onLost) {
         const cb = s.onLost;
         hold.onLoss((e) => cb(e));
@@ -334,12 +370,10 @@ export default class Redlock extends EventEmitter {
             }
             o = await this.shortOutcome(t, key, args, deadline, acquireOutcome, bound);
           } else {
-            o = await this.waitOn(t, ep, key, owner, args, left, s.signal, bound, (c) => {
-              if (spec.bind && !bound) {
-                bound = c;
-                boundEp = ep;
-              }
-            });
+            o = await this.waitOn(t, ep, key, owner, (w) => acquireArgs(key, owner, spec, w), left, s.signal, bound, spec.bind ? (c) => {
+              bound = c;
+              boundEp = ep;
+            } : undefined);
           }
         }
         outcomes.push(o);
@@ -400,10 +434,8 @@ export default class Redlock extends EventEmitter {
         if (round) attempts.push(Promise.resolve(this.stats(round, keys.length)));
       }
     } catch (e) {
-      if (s.signal?.aborted) {
-        // Cut short by the user: give back whatever any server may hold.
-        await Promise.all(this.targets.map((t) => Promise.all(keys.map((k) => this.giveBack(t, k, owner)))));
-      }
+      // Cut short (the user's signal, no wait connection free): give back whatever any server may hold.
+      await Promise.all(this.targets.map((t) => Promise.all(keys.map((k) => this.giveBack(t, k, owner)))));
       throw e;
     }
   }
@@ -419,7 +451,7 @@ export default class Redlock extends EventEmitter {
           for (const args of sc.commands) {
             const key = args[1] as string;
             const ep = await t.endpointFor(key).catch((e: unknown) => e as Error);
-            const o = ep instanceof Error ? errorOutcome(ep) : await this.waitOn(t, ep, key, owner, args, sc.wait, signal, undefined, () => {});
+            const o = ep instanceof Error ? errorOutcome(ep) : await this.waitOn(t, ep, key, owner, (w) => withWait(args, w), sc.wait, signal, undefined, undefined);
             out.push(o);
             if (o.kind !== "granted") break;
           }
@@ -667,6 +699,14 @@ export default class Redlock extends EventEmitter {
       if (extension) await extension.catch(() => undefined);
     }
   }
+}
+
+/** A queued command with the wait that is left (its `WAIT ms` replaced). */
+function withWait(args: readonly string[], wait: number): string[] {
+  const out = [...args];
+  const i = out.indexOf("WAIT");
+  if (i >= 0) out[i + 1] = waitArg(wait);
+  return out;
 }
 
 /** The servers (indices) whose answers include a lost connection or no reply. */

@@ -384,6 +384,29 @@ describe("one server (ioredis)", () => {
     await assert.rejects(redlock.acquireRead([k], 1000, { lockDelay: 10 }), InvalidRequestError);
   });
 
+  it("quit() closes our connections and quits the user's clients", async () => {
+    const c = client(server.port);
+    const redlock = new Redlock([c]);
+    const lock = await redlock.acquire([key("quit")], 5000, { onLost: () => undefined });
+    assert.ok(lock.fencingToken > 0n);
+    await redlock.quit();
+    await waitFor(() => c.status === "end");
+  });
+
+  it("a wait with retryCount -1 has no limit; the default settings wait retryCount * retryDelay", async () => {
+    const redlock = make({ retryCount: 2, retryDelay: 100 });
+    const k = key("map");
+    const first = await redlock.acquire([k], 10000);
+    const t0 = Date.now();
+    await assert.rejects(redlock.acquire([k], 1000), ExecutionError);
+    const took = Date.now() - t0;
+    assert.ok(took >= 190 && took < 1500, `waited ${took} ms`);
+    const unlimited = redlock.acquire([k], 1000, { retryCount: -1 });
+    await waitFor(async () => (await redlock.info(k))?.waiting === 1);
+    await first.release();
+    await (await unlimited).release();
+  });
+
   it("a read holder asking to write is refused with DeadlockError", async () => {
     const redlock = make();
     const k = key("deadlock");
@@ -442,6 +465,56 @@ describe("Redlock over three servers (ioredis)", () => {
     const second = await pending;
     assert.ok(second.fencingToken > 0n);
     await second.release();
+  });
+
+  it("retryCount 0 on a held lock: votesAgainst of a majority hold ResourceLockedError", async () => {
+    const redlock = make();
+    const k = key("q0");
+    const lock = await redlock.acquire([k], 5000);
+    const err = await redlock.acquire([k], 5000, { retryCount: 0 }).then(
+      () => assert.fail("acquired a held lock"),
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof ExecutionError);
+    assert.equal(err.attempts.length, 1);
+    const stats = await (err.attempts[0] as Promise<ExecutionStats>);
+    assert.equal(stats.votesAgainst.size, 3);
+    for (const [c, e] of stats.votesAgainst) {
+      assert.ok(redlock.clients.has(c));
+      assert.ok(e instanceof ResourceLockedError);
+    }
+    await lock.release();
+  });
+
+  it("several resources over three servers: reversed lists never deadlock", async () => {
+    const redlock = make();
+    const a = key("qa");
+    const b = key("qb");
+    let done = 0;
+    const worker = async (list: string[]): Promise<void> => {
+      for (let i = 0; i < 8; i++) {
+        const lock = await redlock.acquire(list, 3000, { wait: 15000 });
+        assert.equal(lock.tokens.get(a)?.size !== undefined && lock.tokens.get(b) !== undefined, true);
+        await lock.release();
+        done++;
+      }
+    };
+    await Promise.all([worker([a, b]), worker([b, a])]);
+    assert.equal(done, 16);
+  });
+
+  it("an aborted wait over three servers leaves no grant on any", async () => {
+    const redlock = make();
+    const k = key("qabort");
+    const first = await redlock.acquire([k], 10000);
+    const ac = new AbortController();
+    const pending = redlock.acquire([k], 5000, { wait: 10000, signal: ac.signal });
+    await new Promise((r) => setTimeout(r, 100));
+    ac.abort(new Error("enough"));
+    await assert.rejects(pending, /enough/);
+    await first.release();
+    await new Promise((r) => setTimeout(r, 50));
+    for (const v of (await redlock.infoAll(k)).values()) assert.equal(v, null);
   });
 
   it("with one server stopped the quorum still grants; with two it fails naming them", async () => {

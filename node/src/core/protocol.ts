@@ -274,6 +274,11 @@ export function classify(outcomes: readonly Outcome[], quorum: number): Failure 
   if (outcomes.length - unreachable.length < quorum) return { kind: "unreachable", servers: unreachable };
   let best: { refusal: Refusal; text: string } | undefined;
   for (const o of outcomes) {
+    if (o.kind === "redirect") {
+      // Still redirected after the one re-route: the cluster is moving the key.
+      if (!best) best = { refusal: "other", text: o.text };
+      continue;
+    }
     if (o.kind !== "refused") continue;
     if (!best || PRECEDENCE.indexOf(o.refusal) < PRECEDENCE.indexOf(best.refusal)) best = { refusal: o.refusal, text: o.text };
   }
