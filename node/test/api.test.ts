@@ -11,6 +11,8 @@ import Redlock, {
   InvalidRequestError,
   Lock,
   LockLostError,
+  ModuleMissingError,
+  RefusedError,
   ResourceLockedError,
   WrongKindError,
   type ExecutionStats,
@@ -57,10 +59,11 @@ function ping(port: number): Promise<boolean> {
   });
 }
 
-async function startServer(): Promise<Server> {
+async function startServer(withModule = true): Promise<Server> {
   for (let tries = 0; ; tries++) {
     const port = await freePort();
-    const proc = spawn(SERVER, ["--port", String(port), "--bind", "127.0.0.1", "--loadmodule", MODULE, "--save", "", "--appendonly", "no"], {
+    const mod = withModule ? ["--loadmodule", MODULE] : [];
+    const proc = spawn(SERVER, ["--port", String(port), "--bind", "127.0.0.1", ...mod, "--save", "", "--appendonly", "no"], {
       stdio: "ignore",
     });
     let exited = false;
@@ -405,6 +408,52 @@ describe("one server (ioredis)", () => {
     await waitFor(async () => (await redlock.info(k))?.waiting === 1);
     await first.release();
     await (await unlimited).release();
+  });
+
+  it("a wait on a paused server is cut short at wait + 1 s: its connection destroyed, no grant left", async () => {
+    const redlock = make();
+    const k = key("paused");
+    const first = await redlock.acquire([k], 30000);
+    const pending = redlock.acquire([k], 5000, { wait: 300 });
+    await waitFor(async () => (await redlock.info(k))?.waiting === 1);
+    const t0 = Date.now();
+    server.proc.kill("SIGSTOP");
+    try {
+      const err = await pending.then(
+        () => assert.fail("granted while paused"),
+        (e: unknown) => e,
+      );
+      const took = Date.now() - t0;
+      assert.ok(took >= 1200 && took < 4000, `cut after ${took} ms`);
+      assert.ok(err instanceof ExecutionError);
+      assert.match(err.message, /did not answer/);
+    } finally {
+      server.proc.kill("SIGCONT");
+    }
+    await waitFor(async () => (await redlock.info(k))?.waiting === 0);
+    const info = await redlock.info(k);
+    assert.deepEqual(info?.holders.map((h) => h.owner), [first.value]);
+    await first.release();
+    assert.equal(await redlock.info(k), null);
+  });
+
+  it("a key of another type is refused (RefusedError)", async () => {
+    const redlock = make();
+    const k = key("string");
+    await admin.set(k, "v");
+    await assert.rejects(redlock.acquire([k], 1000), RefusedError);
+  });
+
+  it("a server without the module: ModuleMissingError", async () => {
+    const bare = await startServer(false);
+    const c = client(bare.port);
+    const redlock = new Redlock([c]);
+    try {
+      await assert.rejects(redlock.acquire([key("nomodule")], 1000), ModuleMissingError);
+    } finally {
+      await redlock.quit();
+      await bare.stop();
+    }
   });
 
   it("a read holder asking to write is refused with DeadlockError", async () => {
