@@ -17,11 +17,9 @@ import {
 } from "./errors.js";
 import {
   QUORUM_MESSAGE,
-  acquireArgs,
   acquireOutcome,
   checkSpec,
   checkTtl,
-  classify,
   doneOutcome,
   errorOutcome,
   extendArgs,
@@ -37,9 +35,10 @@ import {
   type Vote,
 } from "./core/protocol.js";
 import { parseInfo, type LockInfo } from "./core/info.js";
-import { singleServerValidUntil, type ServerAnswers } from "./core/lease.js";
-import { ordered, waitLeft } from "./core/order.js";
+import type { ServerAnswers } from "./core/lease.js";
+import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
+import { OneServerAttempt, type OneStep } from "./core/single.js";
 import { Hold, Lock, holdOf, makeLock, type ExecutionResult } from "./lock.js";
 import { constructorSettings, resolveSettings, serverWait, type RedisClientLike, type Settings } from "./settings.js";
 
@@ -340,28 +339,20 @@ export default class Redlock extends EventEmitter {
 
   private async acquireOne(keys: string[], spec: AcquireSpec, owner: string, wait: number | undefined, s: Settings, attempts: Promise<ExecutionStats>[]): Promise<Hold> {
     const t = this.targets[0] as Target;
-    const started = now();
     const deadline = shortDeadline(spec.ttl);
-    const granted: { key: string; token: bigint }[] = [];
-    let validUntil = Infinity;
+    const m = new OneServerAttempt(keys, spec, owner, wait, now());
     let bound: Conn | undefined;
     let boundEp: Endpoint | undefined;
-    const outcomes: (Outcome | undefined)[] = [];
-    const giveBackAll = async (): Promise<void> => {
-      await Promise.all(granted.map((g) => this.giveBack(t, g.key, owner)));
-      if (bound) bound.destroy();
-    };
+    let step: OneStep = m.start(now());
     try {
-      for (const key of keys) {
-        const left = waitLeft(wait, started, now());
-        const args = acquireArgs(key, owner, spec, left);
-        const sent = now();
+      while (step.kind === "send") {
+        const { key, args, wait: left, build } = step;
         let o: Outcome;
         if (left === undefined && !spec.bind) {
           o = await this.shortOutcome(t, key, args, deadline, acquireOutcome);
         } else {
           const ep = await t.endpointFor(key);
-          if (spec.bind && bound && boundEp !== ep) throw new InvalidRequestError("bind: every resource must live on one server node");
+          if (bound && boundEp !== ep) throw new InvalidRequestError("bind: every resource must live on one server node");
           if (left === undefined) {
             // A bound acquire without a wait: on the connection the hold is bound to.
             if (!bound) {
@@ -370,33 +361,31 @@ export default class Redlock extends EventEmitter {
             }
             o = await this.shortOutcome(t, key, args, deadline, acquireOutcome, bound);
           } else {
-            o = await this.waitOn(t, ep, key, owner, (w) => acquireArgs(key, owner, spec, w), left, s.signal, bound, spec.bind ? (c) => {
+            o = await this.waitOn(t, ep, key, owner, build, left, s.signal, bound, spec.bind ? (c) => {
               bound = c;
               boundEp = ep;
             } : undefined);
           }
         }
-        outcomes.push(o);
-        if (o.kind !== "granted") break;
-        granted.push({ key, token: o.token });
-        validUntil = Math.min(validUntil, singleServerValidUntil(sent, left !== undefined, spec.ttl, now()));
+        step = m.replied(o, now());
       }
     } catch (e) {
-      await giveBackAll();
+      // Cut short (the user's signal, no wait connection free): give back every resource.
+      await Promise.all(keys.map((k) => this.giveBack(t, k, owner)));
+      bound?.destroy();
       throw e;
     }
-    const v = vote(outcomes, keys.length);
-    attempts.push(Promise.resolve(this.stats([v], keys.length)));
-    const t0 = now();
-    if (v.kind === "for" && validUntil > t0) {
-      const hold = new Hold(owner, keys, spec, [t.name], validUntil, s.driftFactor);
-      keys.forEach((k, i) => hold.tokens.set(k, new Map([[t.name, v.tokens[i] as bigint]])));
+    attempts.push(Promise.resolve(this.stats([step.vote], keys.length)));
+    if (step.kind === "granted") {
+      const hold = new Hold(owner, keys, spec, [t.name], step.validUntil, s.driftFactor);
+      const tokens = step.tokens;
+      keys.forEach((k, i) => hold.tokens.set(k, new Map([[t.name, tokens[i] as bigint]])));
       if (bound) hold.bound.set(0, bound);
       return hold;
     }
-    await giveBackAll();
-    const failure = v.kind === "for" ? ({ kind: "expired" } as const) : classify([v.outcome], 1);
-    throw failureError(failure, attempts, [t.name], v.kind === "for" ? [] : [v.outcome]);
+    await Promise.all(step.giveBack.map((k) => this.giveBack(t, k, owner)));
+    bound?.destroy();
+    throw failureError(step.failure, attempts, [t.name], step.outcome ? [step.outcome] : []);
   }
 
   /** Runs the Redlock machine's steps. */
