@@ -39,6 +39,7 @@ import type { ServerAnswers } from "./core/lease.js";
 import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
 import { OneServerAttempt, type OneStep } from "./core/single.js";
+import { afterExtendFailure, extensionDelay } from "./core/extension.js";
 import { Hold, Lock, holdOf, makeLock, type ExecutionResult } from "./lock.js";
 import { constructorSettings, resolveSettings, serverWait, type RedisClientLike, type Settings } from "./settings.js";
 
@@ -641,7 +642,7 @@ export default class Redlock extends EventEmitter {
       timer = setTimeout(() => {
         timer = undefined;
         extension = extend();
-      }, Math.max(0, lock.expiration - Date.now() - settings.automaticExtensionThreshold));
+      }, extensionDelay(lock.expiration, Date.now(), settings.automaticExtensionThreshold));
     };
     const extend = async (): Promise<void> => {
       for (;;) {
@@ -651,10 +652,10 @@ export default class Redlock extends EventEmitter {
           queue();
           return;
         } catch (e) {
-          if (e instanceof LockLostError) return abort(hold.lost ?? e);
-          const left = hold.lease.validity(now());
-          if (left > 0 && !finished) {
-            await sleep(Math.min(settings.retryDelay, Math.max(1, left / 4)));
+          const next = afterExtendFailure(e instanceof LockLostError, hold.lease.validity(now()), settings.retryDelay);
+          if (next.kind === "lost") return abort(hold.lost ?? (e as LockLostError));
+          if (next.kind === "retry") {
+            await sleep(next.ms);
             continue;
           }
           const lost = hold.markLost({ cause: "expired", resource: hold.resources[0] ?? "", detail: e instanceof Error ? e.message : String(e) });
