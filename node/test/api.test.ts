@@ -6,7 +6,6 @@ import net from "node:net";
 import Redis from "ioredis";
 import Redlock, {
   CapacityMismatchError,
-  DeadlockError,
   ExecutionError,
   InvalidRequestError,
   Lock,
@@ -456,14 +455,21 @@ describe("one server (ioredis)", () => {
     }
   });
 
-  it("a read holder asking to write is refused with DeadlockError", async () => {
+  it("extend after a loss rejects with LockLostError; a semaphore waiter gets a freed permit", async () => {
     const redlock = make();
-    const k = key("deadlock");
-    const r = await redlock.acquireRead([k], 5000);
-    // Same owner: simulate an upgrade with the lock's own value.
-    await assert.rejects(admin.call("LOCK.ACQUIRE", k, r.value, "1000"), /DEADLOCK/);
-    await r.release();
-    void DeadlockError;
+    const k = key("extlost");
+    const lock = await redlock.acquire([k], 10000);
+    await admin.del(k);
+    await assert.rejects(lock.extend(5000), (e: unknown) => e instanceof LockLostError && e.cause === "deleted");
+    assert.equal(lock.lost?.cause, "deleted");
+    const s = key("semwait");
+    const p1 = await redlock.acquireSemaphore(s, 1, 5000);
+    const p2 = redlock.acquireSemaphore(s, 1, 5000, { wait: 5000 });
+    await waitFor(async () => (await redlock.info(s))?.waiting === 1);
+    await p1.release();
+    const got = await p2;
+    assert.ok(got.fencingToken > p1.fencingToken);
+    await got.release();
   });
 });
 
@@ -564,6 +570,28 @@ describe("Redlock over three servers (ioredis)", () => {
     await first.release();
     await new Promise((r) => setTimeout(r, 50));
     for (const v of (await redlock.infoAll(k)).values()) assert.equal(v, null);
+  });
+
+  it("a loss on one server of three is not a loss; on two it is", async () => {
+    const redlock = make();
+    const k = key("qlost");
+    const box: { seen?: LockLostError } = {};
+    const lock = await redlock.acquire([k], 10000, { onLost: (e) => (box.seen = e) });
+    const admins = servers.map((sv) => client(sv.port));
+    try {
+      await admins[0]!.del(k);
+      await new Promise((r) => setTimeout(r, 200));
+      assert.equal(box.seen, undefined);
+      assert.equal(lock.lost, null);
+      await admins[1]!.set(k, "x");
+      await waitFor(() => box.seen !== undefined);
+      const seen = (box as { seen?: LockLostError }).seen;
+      assert.ok(seen instanceof LockLostError);
+      assert.ok(["deleted", "overwritten"].includes(seen.cause));
+      await assert.rejects(lock.release(), LockLostError);
+    } finally {
+      for (const a of admins) a.disconnect();
+    }
   });
 
   it("with one server stopped the quorum still grants; with two it fails naming them", async () => {
