@@ -316,7 +316,6 @@ export default class Redlock extends EventEmitter {
     };
     checkSpec(spec);
     if (this.targets.length > 1 && opts.kind === "semaphore") throw new InvalidRequestError(REDLOCK_NO_PERMITS);
-    if (this.targets.length > 1 && spec.bind) throw new InvalidRequestError("bind is supported on a Redlock of one server only (in this version)");
     s.signal?.throwIfAborted();
     const owner = randomBytes(16).toString("hex");
     const wait = serverWait(s);
@@ -392,21 +391,43 @@ export default class Redlock extends EventEmitter {
   /** Runs the Redlock machine's steps. */
   private async acquireQuorum(keys: string[], spec: AcquireSpec, owner: string, wait: number | undefined, s: Settings, attempts: Promise<ExecutionStats>[]): Promise<Hold> {
     const n = this.targets.length;
-    const m = new RedlockAttempts({ resources: keys, spec, owner, n, wait, driftFactor: s.driftFactor }, now());
+    const newOwner = (): string => randomBytes(16).toString("hex");
+    const m = new RedlockAttempts({ resources: keys, spec, owner, n, wait, driftFactor: s.driftFactor, newOwner }, now());
     const deadline = shortDeadline(spec.ttl);
+    // A bound request: each attempt's holds on a connection of their own per server.
+    const conns = spec.bind ? new Map<number, Conn>() : undefined;
+    const dropConns = (keep?: ReadonlySet<number>): void => {
+      if (!conns) return;
+      for (const [server, c] of conns) {
+        if (keep?.has(server)) continue;
+        c.destroy();
+        conns.delete(server);
+      }
+    };
+    const recordRound = (): void => {
+      const round = m.takeRound();
+      if (round) attempts.push(Promise.resolve(this.stats(round, keys.length)));
+    };
     let step: Step = m.start(now());
     try {
       for (;;) {
         if (step.kind === "send") {
-          const replies = await this.execute(step.to, owner, deadline, step.what === "release" ? doneOutcome : acquireOutcome, s.signal);
+          const replies = await this.execute(step.to, m.owner, deadline, step.what === "release" ? doneOutcome : acquireOutcome, s.signal, conns);
+          if (conns && step.what === "release") {
+            // Given back: closing the connection also ends anything still bound to it. A
+            // server that answered "held" keeps its connection (it holds nothing) for the next attempt.
+            for (const sc of step.to) {
+              conns.get(sc.server)?.destroy();
+              conns.delete(sc.server);
+            }
+          }
           step = m.replied(replies, now());
         } else if (step.kind === "sleep") {
           await sleep(step.ms, s.signal);
           step = m.woke(now());
         } else if (step.kind === "granted") {
-          const round = m.takeRound();
-          if (round) attempts.push(Promise.resolve(this.stats(round, keys.length)));
-          const hold = new Hold(owner, keys, spec, this.servers, step.validUntil, s.driftFactor);
+          recordRound();
+          const hold = new Hold(step.owner, keys, spec, this.servers, step.validUntil, s.driftFactor);
           for (const [server, toks] of step.tokens) {
             keys.forEach((k, i) => {
               let per = hold.tokens.get(k);
@@ -414,24 +435,39 @@ export default class Redlock extends EventEmitter {
               per.set(this.targets[server]?.name ?? String(server), toks[i] as bigint);
             });
           }
+          if (conns) {
+            // Servers that did not vote for may hold some resources on their connection: closing it ends them.
+            dropConns(new Set(step.tokens.keys()));
+            for (const [server, c] of conns) hold.bound.set(server, c);
+          }
           return hold;
         } else {
-          const round = m.takeRound();
-          if (round) attempts.push(Promise.resolve(this.stats(round, keys.length)));
+          recordRound();
           throw failureError(step.failure, attempts, this.servers, step.outcomes);
         }
-        const round = m.takeRound();
-        if (round) attempts.push(Promise.resolve(this.stats(round, keys.length)));
+        recordRound();
       }
     } catch (e) {
-      // Cut short (the user's signal, no wait connection free): give back whatever any server may hold.
-      await Promise.all(this.targets.map((t) => Promise.all(keys.map((k) => this.giveBack(t, k, owner)))));
+      // Failed or cut short (the user's signal, no wait connection free): give back whatever any server may hold.
+      dropConns();
+      await Promise.all(this.targets.map((t) => Promise.all(keys.map((k) => this.giveBack(t, k, m.owner)))));
       throw e;
     }
   }
 
-  /** Carries out a send step: commands that do not wait are pipelined; a queued wait runs one command after the other. */
-  private async execute(to: readonly ServerCommands[], owner: string, deadline: number, read: (r: Reply | Error) => Outcome, signal?: AbortSignal): Promise<(Outcome | undefined)[][]> {
+  /**
+   * Carries out a send step: commands that do not wait are pipelined; a queued wait runs one
+   * command after the other. A bound request's acquires go over `conns` (one per server, opened
+   * for the attempt).
+   */
+  private async execute(
+    to: readonly ServerCommands[],
+    owner: string,
+    deadline: number,
+    read: (r: Reply | Error) => Outcome,
+    signal?: AbortSignal,
+    conns?: Map<number, Conn>,
+  ): Promise<(Outcome | undefined)[][]> {
     const replies: (Outcome | undefined)[][] = this.targets.map(() => []);
     await Promise.all(
       to.map(async (sc) => {
@@ -445,10 +481,23 @@ export default class Redlock extends EventEmitter {
             out.push(o);
             if (o.kind !== "granted") break;
           }
-        } else {
-          const os = await Promise.all(sc.commands.map((args) => this.shortOutcome(t, args[1] as string, args, deadline, read)));
-          out.push(...os);
+          return;
         }
+        let conn: Conn | undefined = conns?.get(sc.server);
+        if (conns && !conn && read === acquireOutcome) {
+          try {
+            const ep = await t.endpointFor(sc.commands[0]?.[1] as string);
+            conn = await ep.acquireWaitConn(signal);
+            conns.set(sc.server, conn);
+          } catch (e) {
+            const o = errorOutcome(e);
+            out.push(...sc.commands.map(() => o));
+            return;
+          }
+        }
+        const via = conn && !conn.closed ? conn : undefined;
+        const os = await Promise.all(sc.commands.map((args) => this.shortOutcome(t, args[1] as string, args, deadline, read, via)));
+        out.push(...os);
       }),
     );
     return replies;

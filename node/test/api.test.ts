@@ -594,6 +594,40 @@ describe("Redlock over three servers (ioredis)", () => {
     }
   });
 
+  it("bind over three servers: a held lock is waited for (polling), the holds end with their connections", async () => {
+    const redlock = make();
+    const k = key("qbind");
+    const first = await redlock.acquire([k], 10000, { bind: true });
+    const pending = redlock.acquire([k], 10000, { bind: true, wait: 5000 });
+    await new Promise((r) => setTimeout(r, 100));
+    await first.release();
+    const box: { seen?: LockLostError } = {};
+    const second = await pending;
+    assert.notEqual(second.value, first.value);
+    assert.ok((second.tokens.get(k)?.size ?? 0) >= 2);
+    await second.release();
+    const third = await redlock.acquire([k], 30000, { bind: true, onLost: (e) => (box.seen = e) });
+    const admins = servers.map((sv) => client(sv.port));
+    try {
+      // Kill the bound connections on two servers: the lock is lost (connection-closed).
+      for (const a of admins.slice(0, 2)) {
+        const list = String(await a.call("CLIENT", "LIST"));
+        for (const line of list.split("\n").filter((l) => /cmd=lock\.(acquire|release)/.test(l))) {
+          const id = /id=(\d+)/.exec(line)?.[1];
+          if (id) await a.call("CLIENT", "KILL", "ID", id);
+        }
+      }
+      await waitFor(() => box.seen !== undefined);
+      const seen = (box as { seen?: LockLostError }).seen;
+      assert.equal(seen?.cause, "connection-closed");
+      const infos = [...(await redlock.infoAll(k)).values()];
+      assert.ok(infos.filter((i) => i === null).length >= 2);
+      await assert.rejects(third.release(), LockLostError);
+    } finally {
+      for (const a of admins) a.disconnect();
+    }
+  });
+
   it("with one server stopped the quorum still grants; with two it fails naming them", async () => {
     const redlock = make();
     const k = key("down");

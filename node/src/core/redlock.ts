@@ -61,8 +61,8 @@ export type Step =
   | { readonly kind: "send"; readonly what: Sending; readonly to: readonly ServerCommands[] }
   /** Sleep, then call {@link RedlockAttempts.woke}. */
   | { readonly kind: "sleep"; readonly ms: number }
-  /** A majority granted: `tokens` by server index (one per resource, in order). */
-  | { readonly kind: "granted"; readonly tokens: ReadonlyMap<number, readonly bigint[]>; readonly validUntil: number }
+  /** A majority granted: `tokens` by server index (one per resource, in order), under `owner`. */
+  | { readonly kind: "granted"; readonly tokens: ReadonlyMap<number, readonly bigint[]>; readonly validUntil: number; readonly owner: string }
   /** The acquire failed; `outcomes` is what each server answered last. */
   | { readonly kind: "failed"; readonly failure: Failure; readonly outcomes: readonly Outcome[] };
 
@@ -72,6 +72,13 @@ export interface RedlockRequest {
   readonly resources: readonly string[];
   readonly spec: AcquireSpec;
   readonly owner: string;
+  /**
+   * A bound request (`spec.bind`) takes a new owner per attempt from this (so a hold of an
+   * earlier attempt, still bound to a connection given up on, is never re-entered), and polls
+   * instead of queueing (a queued wait would bind the hold to the designated server's wait
+   * connection alone).
+   */
+  readonly newOwner?: () => string;
   /** How many servers. */
   readonly n: number;
   /** How long to wait in ms: undefined or 0 = not at all, Infinity = no limit. */
@@ -108,11 +115,16 @@ export class RedlockAttempts {
   private readonly giveUp: number;
   private phase: Phase = { kind: "finished" };
   private backoff = 0;
+  private attempts = 0;
   private readonly random: () => number;
   /** The votes of the last round that completed (an attempt, or a queue round), taken by {@link takeRound}. */
   private round: Vote[] | null = null;
 
+  /** The owner of the attempt in progress. */
+  owner: string;
+
   constructor(private readonly req: RedlockRequest, now: number) {
+    this.owner = req.owner;
     this.quorum = Math.floor(req.n / 2) + 1;
     const w = req.wait ?? 0;
     this.giveUp = w === Infinity ? Infinity : now + Math.max(0, w);
@@ -136,11 +148,11 @@ export class RedlockAttempts {
   }
 
   private acquire(wait?: number): string[][] {
-    return this.req.resources.map((r) => acquireArgs(r, this.req.owner, this.req.spec, wait));
+    return this.req.resources.map((r) => acquireArgs(r, this.owner, this.req.spec, wait));
   }
 
   private release(): string[][] {
-    return this.req.resources.map((r) => releaseArgs(r, this.req.owner, true));
+    return this.req.resources.map((r) => releaseArgs(r, this.owner, true));
   }
 
   private all(): number[] {
@@ -148,6 +160,7 @@ export class RedlockAttempts {
   }
 
   private attempt(now: number): Step {
+    if (this.req.spec.bind && this.req.newOwner && this.attempts++ > 0) this.owner = this.req.newOwner();
     this.phase = { kind: "attempt", sent: now };
     return { kind: "send", what: "attempt", to: this.all().map((server) => ({ server, commands: this.acquire() })) };
   }
@@ -221,7 +234,7 @@ export class RedlockAttempts {
     const validUntil = quorumValidUntil(sent, this.req.spec.ttl, now, this.req.driftFactor);
     if (tokens.size >= this.quorum && validUntil !== null) {
       this.phase = { kind: "finished" };
-      return { kind: "granted", tokens, validUntil };
+      return { kind: "granted", tokens, validUntil, owner: this.owner };
     }
     const outcomes = list.map(voteOutcome);
     const answered = outcomes.map((o) => o.kind !== "unreachable");
@@ -239,6 +252,7 @@ export class RedlockAttempts {
 
   private afterFailure(failure: Failure, outcomes: readonly Outcome[], answered: readonly boolean[], now: number): Step {
     if (now >= this.giveUp || isFinal(failure)) return this.fail(failure, outcomes);
+    if (this.req.spec.bind) return this.poll(now);
     return this.queue(answered, now, failure, outcomes);
   }
 
@@ -328,7 +342,7 @@ export class RedlockAttempts {
       const validUntil = quorumValidUntil(sent, this.req.spec.ttl, now, this.req.driftFactor);
       if (validUntil !== null) {
         this.phase = { kind: "finished" };
-        return { kind: "granted", tokens, validUntil };
+        return { kind: "granted", tokens, validUntil, owner: this.owner };
       }
     }
     const failure: Failure = tokens.size >= this.quorum ? { kind: "expired" } : classify(outcomes, this.quorum);

@@ -85,6 +85,24 @@ describe("Redlock machine", () => {
       assert.ok(done.validUntil <= 1 + 10000);
     }
   });
+  it("a bound request polls (never queues) with a new owner per attempt", () => {
+    let i = 0;
+    const m = new RedlockAttempts(
+      { resources: ["k"], spec: { kind: "write", ttl: 1000, bind: true }, owner: "o0", n: 3, wait: 5000, driftFactor: 0.01, newOwner: () => `o${++i}` },
+      0,
+    );
+    const s = m.start(0);
+    if (s.kind === "send") assert.ok(s.to[0]?.commands[0]?.includes("BIND"));
+    assert.equal(m.owner, "o0");
+    const sleep = m.replied([[busy], [busy], [busy]], 1);
+    assert.equal(sleep.kind, "sleep");
+    const again = m.woke(20);
+    assert.equal(again.kind === "send" && again.what, "attempt");
+    assert.equal(m.owner, "o1");
+    if (again.kind === "send") assert.equal(again.to[0]?.commands[0]?.[2], "o1");
+    const done = m.replied([[g(3n)], [g(3n)], [busy]], 21);
+    assert.equal(done.kind === "granted" && done.owner, "o1");
+  });
   it("the slice is at most a quarter of the ttl", () => {
     const m = machine(3, 400, 30000);
     m.start(0);
