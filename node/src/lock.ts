@@ -60,12 +60,33 @@ export class Hold {
     return () => this.listeners.delete(cb);
   }
 
-  /** Records a loss (the first one wins) and tells the listeners, once. */
-  markLost(loss: Loss, err?: LockLostError): LockLostError {
-    const first = this.lease.lose(loss);
-    if (!this.lostError) this.lostError = err ?? new LockLostError(loss.resource, loss.cause, loss.detail);
-    if (first || err) this.notify();
+  /**
+   * Records a loss (the first one recorded wins) and tells the listeners, once. After a release
+   * that succeeded, a late report (a watcher's) changes nothing.
+   */
+  markLost(loss: Loss): LockLostError {
+    if (this.lease.released && !this.lease.recorded) return err(loss);
+    this.lease.lose(loss);
+    const rec = this.lease.recorded ?? loss;
+    if (!this.lostError) this.lostError = err(rec);
+    this.notify();
     return this.lostError;
+  }
+
+  private expiryTimer: NodeJS.Timeout | undefined;
+  /** While watched: reports the loss (expired) when the validity runs out without an extension. */
+  armExpiry(): void {
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    this.expiryTimer = undefined;
+    if (this.stopped || this.lease.released) return;
+    const ms = Math.max(0, this.lease.validUntil - performance.now());
+    this.expiryTimer = setTimeout(() => {
+      this.expiryTimer = undefined;
+      if (this.stopped || this.lease.released) return;
+      if (this.lease.validUntil > performance.now()) return this.armExpiry();
+      this.markLost({ cause: "expired", resource: this.resources[0] ?? "", detail: "" });
+    }, Math.ceil(ms) + 1);
+    this.expiryTimer.unref();
   }
 
   /** A watcher says the hold of `resource` on server `server` is gone. */
@@ -89,11 +110,17 @@ export class Hold {
     }
   }
 
-  /** Stops the watches. */
+  /** Stops the watches (and the expiry timer). */
   stop(): void {
     this.stopped = true;
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    this.expiryTimer = undefined;
     for (const w of this.watches.splice(0)) w.stop();
   }
+}
+
+function err(loss: Loss): LockLostError {
+  return new LockLostError(loss.resource, loss.cause, loss.detail);
 }
 
 const holds = new WeakMap<Lock, Hold>();

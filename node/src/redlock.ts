@@ -333,6 +333,7 @@ export default class Redlock extends EventEmitter {
         hold.onLoss((e) => cb(e));
       }
       await this.watch(hold);
+      hold.armExpiry();
     }
     return lock;
   }
@@ -630,6 +631,7 @@ export default class Redlock extends EventEmitter {
       case "ok": {
         existing.expiration = 0;
         hold.spec = { ...hold.spec, ttl: duration };
+        if (hold.watching) hold.armExpiry();
         return makeLock(this, hold, attempts, Date.now() + Math.max(0, v.validUntil - now()));
       }
       case "lost": {

@@ -318,6 +318,21 @@ describe("one server (ioredis)", () => {
     await assert.rejects(l2.release(), (e: unknown) => e instanceof LockLostError && e.cause === "overwritten");
   });
 
+  it("a watched lock that nobody extends is reported lost when its validity runs out", async () => {
+    const redlock = make();
+    const k = key("expiry");
+    const box: { seen?: LockLostError; at?: number } = {};
+    const t0 = Date.now();
+    const lock = await redlock.acquire([k], 300, { onLost: (e) => ((box.seen = e), (box.at = Date.now())) });
+    await waitFor(() => box.seen !== undefined);
+    const seen = (box as { seen?: LockLostError }).seen;
+    const took = (box as { at?: number }).at! - t0;
+    assert.ok(took >= 250 && took < 2000, `reported after ${took} ms`);
+    // The client's own clock runs out first (validity = ttl less margins); the server's expiry may race it.
+    assert.ok(seen && ["expired", "deleted"].includes(seen.cause), seen?.cause);
+    assert.equal(lock.validity(), 0);
+  });
+
   it("using: extends past the duration, releases at the end, returns the routine's value", async () => {
     const redlock = make();
     const k = key("using");
