@@ -70,6 +70,8 @@ export class Hold {
     const rec = this.lease.recorded ?? loss;
     if (!this.lostError) this.lostError = err(rec);
     this.notify();
+    // Lost for good: nothing left to watch.
+    for (const w of this.watches.splice(0)) w.stop();
     return this.lostError;
   }
 
