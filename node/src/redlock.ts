@@ -89,6 +89,16 @@ interface AcquireOptions {
  * A Redlock over one or more Redis servers (one client each) with the lock module loaded.
  * A drop-in for redlock v5: same constructor, methods, events and errors; see the package docs
  * for the differences that remain.
+ *
+ * Waiting: redlock's `retryCount` / `retryDelay` become one wait in the server's FIFO queue of
+ * `retryCount * retryDelay` ms (`retryCount: -1`: no limit, `0`: no wait; the `wait` setting
+ * overrides both; `retryJitter` is not used). One server: each resource (in the global byte
+ * order) waits with `LOCK.ACQUIRE … WAIT <ms left>` on a connection of its own. Several servers:
+ * after a failed attempt the request queues on one designated server in slices of at most 1 s
+ * (and a quarter of the duration), then asks the others; a bound request (`bind`) polls instead.
+ *
+ * Each round of an operation is one entry of `attempts` (one `ExecutionStats`, keyed by your
+ * client objects); every vote against is also emitted as an `error` event, as redlock does.
  */
 export default class Redlock extends EventEmitter {
   /** The clients it was given, as given. */
