@@ -24,7 +24,7 @@
  * - after the command connection is (re)opened, every prefix is registered again and every
  *   key re-read (changes while it was down were not pushed).
  */
-import { ServerReplyError, type Arg, type Reply } from "../driver/types.js";
+import { ServerReplyError, type Arg, type Reply } from "./reply.js";
 
 /** How a watched hold was lost. */
 export type LossCause = "expired" | "deleted" | "overwritten" | "taken" | "ended" | "connection-closed";

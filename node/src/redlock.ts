@@ -1,0 +1,776 @@
+/**
+ * `Redlock`: redlock v5's class, on the lock module. One server: each resource waits in the
+ * server's FIFO queue (`WAIT`). Several servers: a majority, with the waits queued on one
+ * designated server (see `core/redlock.ts`).
+ * @packageDocumentation
+ */
+import { EventEmitter } from "node:events";
+import { randomBytes } from "node:crypto";
+import { targetFor, ServerReplyError, type Arg, type Conn, type Endpoint, type Reply, type Target } from "./driver/index.js";
+import { watchHold } from "./watcher.js";
+import {
+  ConnectionLimitError,
+  ExecutionError,
+  InvalidRequestError,
+  LockLostError,
+  type ExecutionStats,
+} from "./errors.js";
+import {
+  QUORUM_MESSAGE,
+  acquireOutcome,
+  checkSpec,
+  checkTtl,
+  doneOutcome,
+  errorOutcome,
+  extendArgs,
+  failureError,
+  infoArgs,
+  releaseArgs,
+  vote,
+  voteError,
+  waitArg,
+  type AcquireSpec,
+  type Kind,
+  type Outcome,
+  type Vote,
+} from "./core/protocol.js";
+import { parseInfo, type LockInfo } from "./core/info.js";
+import type { ServerAnswers } from "./core/lease.js";
+import { ordered } from "./core/order.js";
+import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
+import { OneServerAttempt, type OneStep } from "./core/single.js";
+import { afterExtendFailure, extensionDelay } from "./core/extension.js";
+import { Hold, Lock, holdOf, makeLock, type ExecutionResult } from "./lock.js";
+import { constructorSettings, resolveSettings, serverWait, type RedisClientLike, type Settings } from "./settings.js";
+
+/** The `AbortSignal` a `using()` routine gets: aborted when the lock is lost, with the `LockLostError` in `error` (and `reason`). */
+export type RedlockAbortSignal = AbortSignal & { error?: Error };
+
+/** Why several servers refuse semaphore permits (as the Rust client words it). */
+export const REDLOCK_NO_PERMITS =
+  "Redlock does not take semaphore permits: the servers' semaphores are independent, so grants from a majority do not bound " +
+  "the holders to the capacity (capacity 2 on 3 servers: three owners can each hold a permit on a different pair of servers); " +
+  "take permits from a Redlock of one server (for capacity 1, a Redlock write lock is the same thing)";
+
+/** How long a reply to a command that does not wait may take before its server counts as a vote against, in ms. */
+export function shortDeadline(duration: number): number {
+  return Math.max(50, Math.min(Math.floor(duration / 10), 1000));
+}
+
+/** A client-side deadline past a server-side wait: the server's own timeout runs on its timer, a little late on a busy server. */
+export const WAIT_REPLY_MARGIN = 1000;
+
+const now = (): number => performance.now();
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const t = setTimeout(done, Math.max(0, ms));
+    function done(): void {
+      signal?.removeEventListener("abort", aborted);
+      resolve();
+    }
+    function aborted(): void {
+      clearTimeout(t);
+      reject(signal?.reason);
+    }
+    signal?.addEventListener("abort", aborted, { once: true });
+  });
+}
+
+/** Internal acquire options. */
+interface AcquireOptions {
+  kind: Kind;
+  capacity?: number;
+  watch?: boolean;
+}
+
+/**
+ * A Redlock over one or more Redis servers (one client each) with the lock module loaded.
+ * A drop-in for redlock v5: same constructor, methods, events and errors; see the package docs
+ * for the differences that remain.
+ *
+ * Waiting: redlock's `retryCount` / `retryDelay` become one wait in the server's FIFO queue of
+ * `retryCount * retryDelay` ms (`retryCount: -1`: no limit, `0`: no wait; the `wait` setting
+ * overrides both; `retryJitter` is not used). One server: each resource (in the global byte
+ * order) waits with `LOCK.ACQUIRE … WAIT <ms left>` on a connection of its own. Several servers:
+ * after a failed attempt the request queues on one designated server in slices of at most 1 s
+ * (and a quarter of the duration), then asks the others; a bound request (`bind`) polls instead.
+ *
+ * Each round of an operation is one entry of `attempts` (one `ExecutionStats`, keyed by your
+ * client objects); every vote against is also emitted as an `error` event, as redlock does.
+ */
+export default class Redlock extends EventEmitter {
+  /** The clients it was given, as given. */
+  readonly clients: Set<RedisClientLike>;
+  /** The settings (redlock's five, defaults filled in, plus any of ours given). */
+  readonly settings: Settings;
+  /** redlock v5 has Lua scripts here; this package sends module commands, so they are empty and unused. */
+  readonly scripts: {
+    readonly acquireScript: { value: string; hash: string };
+    readonly extendScript: { value: string; hash: string };
+    readonly releaseScript: { value: string; hash: string };
+  };
+  private readonly targets: Target[];
+  private readonly live = new Set<Hold>();
+
+  /**
+   * @param clients One client per server (ioredis `Redis` or `Cluster`, node-redis v4/v5): at least one.
+   * @param settings redlock's settings and ours.
+   * @param scripts Accepted for redlock compatibility and ignored (no Lua scripts are used).
+   */
+  constructor(clients: Iterable<RedisClientLike>, settings: Partial<Settings> = {}, scripts?: unknown) {
+    super();
+    void scripts;
+    // As redlock: "error" events without a listener must not crash the process.
+    this.on("error", () => {});
+    this.clients = new Set(clients);
+    if (this.clients.size === 0) throw new Error("Redlock must be instantiated with at least one redis client.");
+    this.settings = constructorSettings(settings);
+    const empty = { value: "", hash: "" };
+    this.scripts = { acquireScript: empty, extendScript: empty, releaseScript: empty };
+    const opts = settings.maxWaitConnections !== undefined ? { maxWaitConnections: settings.maxWaitConnections } : undefined;
+    this.targets = [...this.clients].map((c) => targetFor(c, opts));
+  }
+
+  /** The servers' names (`host:port`), in the clients' order. */
+  get servers(): string[] {
+    return this.targets.map((t) => t.name);
+  }
+
+  /** Closes this package's connections, stops every watch, and runs `quit()` on every client (as redlock). */
+  async quit(): Promise<void> {
+    for (const h of this.live) h.stop();
+    this.live.clear();
+    await Promise.all(this.targets.map((t) => t.close().catch(() => undefined)));
+    await Promise.all(this.targets.map((t) => t.quitUserClient()));
+  }
+
+  /** Acquires an exclusive lock on every resource for `duration` ms (`LOCK.ACQUIRE`), waiting in the servers' queue as the settings say. */
+  acquire(resources: string[], duration: number, settings?: Partial<Settings>): Promise<Lock> {
+    return this.acquireAs(resources, duration, settings, { kind: "write" });
+  }
+
+  /** Acquires a shared (read) lock on every resource (`LOCK.RWREAD`): readers share it, a writer excludes them. */
+  acquireRead(resources: string[], duration: number, settings?: Partial<Settings>): Promise<Lock> {
+    return this.acquireAs(resources, duration, settings, { kind: "read" });
+  }
+
+  /**
+   * Takes one permit of the counting semaphore `resource` of `capacity` permits
+   * (`LOCK.SEMACQUIRE`). One server only: a Redlock over several refuses (see {@link REDLOCK_NO_PERMITS}).
+   */
+  acquireSemaphore(resource: string, capacity: number, duration: number, settings?: Partial<Settings>): Promise<Lock> {
+    return this.acquireAs([resource], duration, settings, { kind: "semaphore", capacity });
+  }
+
+  /** What `LOCK.INFO` says about `resource` (null: no such key). One server only: with several use {@link infoAll}. */
+  async info(resource: string): Promise<LockInfo | null> {
+    const t = this.targets[0] as Target;
+    if (this.targets.length > 1) throw new InvalidRequestError("info() reads one server; this Redlock has several: use infoAll()");
+    const ep = await t.endpointFor(resource);
+    return parseInfo(await this.short(t, ep, resource, infoArgs(resource), 1000));
+  }
+
+  /** `LOCK.INFO` of `resource` on every server: server name → info, null (no key), or the error. */
+  async infoAll(resource: string): Promise<Map<string, LockInfo | null | Error>> {
+    const out = new Map<string, LockInfo | null | Error>();
+    await Promise.all(
+      this.targets.map(async (t) => {
+        try {
+          const ep = await t.endpointFor(resource);
+          out.set(t.name, parseInfo(await this.short(t, ep, resource, infoArgs(resource), 1000)));
+        } catch (e) {
+          out.set(t.name, e instanceof Error ? e : new Error(String(e)));
+        }
+      }),
+    );
+    return out;
+  }
+
+  // ---- I/O helpers -------------------------------------------------------------------------
+
+  /** A command that does not wait, on the endpoint's command connection; re-sent once after a cluster redirect. */
+  private async short(t: Target, ep: Endpoint, key: string, args: Arg[], deadline: number): Promise<Reply> {
+    try {
+      return await (await ep.command()).send(args, deadline);
+    } catch (e) {
+      if (e instanceof ServerReplyError && ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"].includes(e.code)) {
+        await t.rerouted(key, e);
+        const again = await t.endpointFor(key);
+        return (await again.command()).send(args, deadline);
+      }
+      throw e;
+    }
+  }
+
+  private async shortOutcome(t: Target, key: string, args: Arg[], deadline: number, read: (r: Reply | Error) => Outcome, conn?: Conn): Promise<Outcome> {
+    try {
+      if (conn) return read(await conn.send(args, deadline));
+      const ep = await t.endpointFor(key);
+      return read(await this.short(t, ep, key, args, deadline));
+    } catch (e) {
+      return read(e instanceof Error ? e : new Error(String(e)));
+    }
+  }
+
+  /** Gives back a grant that a cut-short wait may have made (NOTOWNER is fine), without waiting for it. */
+  private giveBack(t: Target, key: string, owner: string): Promise<void> {
+    return this.shortOutcome(t, key, releaseArgs(key, owner, true), 1000, doneOutcome).then(() => undefined);
+  }
+
+  /**
+   * One server-side wait of `wait` ms on a wait connection (never re-sent; `build(ms)` makes the
+   * command for the wait left once a connection is free). Cut short by the deadline (wait + 1 s)
+   * or the signal: the connection is destroyed and the owner's possible grant given back. A
+   * bound request (`bind`) keeps its connection: `keep(conn)` hands it to the caller, who
+   * destroys it on failure; otherwise the connection goes back to the pool after a reply.
+   */
+  private async waitOn(
+    t: Target,
+    ep: Endpoint,
+    key: string,
+    owner: string,
+    build: (wait: number) => Arg[],
+    wait: number,
+    signal: AbortSignal | undefined,
+    bound: Conn | undefined,
+    keep: ((c: Conn) => void) | undefined,
+    rerouted = false,
+  ): Promise<Outcome> {
+    const t0 = now();
+    let conn: Conn;
+    if (bound) conn = bound;
+    else {
+      // The pool may make us wait (maxWaitConnections): no longer than the wait itself.
+      const gate = new AbortController();
+      const onAbort = (): void => gate.abort(signal?.reason);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const timer = wait === Infinity ? undefined : setTimeout(() => gate.abort(new ConnectionLimitError(`every wait connection to ${ep.name} stayed busy for the whole wait (${Math.ceil(wait)} ms): raise maxWaitConnections, or wait longer`)), Math.ceil(wait));
+      try {
+        conn = await ep.acquireWaitConn(gate.signal);
+      } catch (e) {
+        if (signal?.aborted) throw signal.reason;
+        if (gate.signal.aborted && gate.signal.reason instanceof ConnectionLimitError) throw gate.signal.reason;
+        return errorOutcome(e);
+      } finally {
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      }
+      keep?.(conn);
+    }
+    const left = wait === Infinity ? Infinity : Math.max(1, wait - (now() - t0));
+    const deadline = left === Infinity ? undefined : Math.ceil(left) + WAIT_REPLY_MARGIN;
+    const onAbort = (): void => conn.destroy();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    let cut = false;
+    let outcome: Outcome;
+    try {
+      if (signal?.aborted) throw signal.reason;
+      outcome = acquireOutcome(await conn.send(build(left), deadline));
+    } catch (e) {
+      outcome = acquireOutcome(e instanceof Error ? e : new Error(String(e)));
+      if (outcome.kind === "unreachable") cut = true;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+    }
+    if (cut || signal?.aborted) {
+      conn.destroy();
+      await this.giveBack(t, key, owner);
+      if (signal?.aborted) throw signal.reason;
+      return outcome;
+    }
+    if (!keep) ep.releaseWaitConn(conn);
+    if (outcome.kind === "redirect" && !rerouted) {
+      // Not queued there: ask where the key lives now (once).
+      await t.rerouted(key, new ServerReplyError(outcome.text));
+      const again = await t.endpointFor(key);
+      if (keep && again !== ep) return outcome;
+      return this.waitOn(t, again, key, owner, build, wait === Infinity ? Infinity : Math.max(1, wait - (now() - t0)), signal, bound ?? (keep ? conn : undefined), keep, true);
+    }
+    return outcome;
+  }
+
+  private stats(votes: readonly Vote[], resources: number): ExecutionStats {
+    const clients = [...this.clients];
+    const s: ExecutionStats = {
+      membershipSize: clients.length,
+      quorumSize: Math.floor(clients.length / 2) + 1,
+      votesFor: new Set(),
+      votesAgainst: new Map(),
+    };
+    votes.forEach((v, i) => {
+      const c = clients[i] as RedisClientLike;
+      if (v.kind === "for") s.votesFor.add(c);
+      else {
+        const err = voteError(v, resources);
+        s.votesAgainst.set(c, err);
+        this.emit("error", err);
+      }
+    });
+    return s;
+  }
+
+  // ---- acquire -------------------------------------------------------------------------------
+
+  private async acquireAs(resources: string[], duration: number, over: Partial<Settings> | undefined, opts: AcquireOptions): Promise<Lock> {
+    checkTtl(duration);
+    const s = resolveSettings(this.settings, over);
+    const keys = ordered(resources);
+    const spec: AcquireSpec = {
+      kind: opts.kind,
+      ttl: duration,
+      ...(opts.capacity !== undefined ? { capacity: opts.capacity } : {}),
+      ...(s.bind ? { bind: true } : {}),
+      ...(s.lockDelay ? { lockDelay: s.lockDelay } : {}),
+    };
+    checkSpec(spec);
+    if (this.targets.length > 1 && opts.kind === "semaphore") throw new InvalidRequestError(REDLOCK_NO_PERMITS);
+    s.signal?.throwIfAborted();
+    const owner = randomBytes(16).toString("hex");
+    const wait = serverWait(s);
+    const attempts: Promise<ExecutionStats>[] = [];
+    const hold =
+      this.targets.length === 1
+        ? await this.acquireOne(keys, spec, owner, wait, s, attempts)
+        : await this.acquireQuorum(keys, spec, owner, wait, s, attempts);
+    const lock = makeLock(this, hold, attempts, Date.now() + Math.max(0, hold.lease.validUntil - now()));
+    if (hold.bound.size > 0) this.live.add(hold);
+    if (opts.watch || s.onLost) {
+      this.live.add(hold);
+      if (s.onLost) {
+        const cb = s.onLost;
+        hold.onLoss((e) => cb(e));
+      }
+      await this.watch(hold);
+      hold.armExpiry();
+    }
+    return lock;
+  }
+
+  private async acquireOne(keys: string[], spec: AcquireSpec, owner: string, wait: number | undefined, s: Settings, attempts: Promise<ExecutionStats>[]): Promise<Hold> {
+    const t = this.targets[0] as Target;
+    const deadline = shortDeadline(spec.ttl);
+    const m = new OneServerAttempt(keys, spec, owner, wait, now());
+    let bound: Conn | undefined;
+    let boundEp: Endpoint | undefined;
+    let step: OneStep = m.start(now());
+    try {
+      while (step.kind === "send") {
+        const { key, args, wait: left, build } = step;
+        let o: Outcome;
+        if (left === undefined && !spec.bind) {
+          o = await this.shortOutcome(t, key, args, deadline, acquireOutcome);
+        } else {
+          const ep = await t.endpointFor(key);
+          if (bound && boundEp !== ep) throw new InvalidRequestError("bind: every resource must live on one server node");
+          if (left === undefined) {
+            // A bound acquire without a wait: on the connection the hold is bound to.
+            if (!bound) {
+              bound = await ep.acquireWaitConn(s.signal);
+              boundEp = ep;
+            }
+            o = await this.shortOutcome(t, key, args, deadline, acquireOutcome, bound);
+          } else {
+            o = await this.waitOn(t, ep, key, owner, build, left, s.signal, bound, spec.bind ? (c) => {
+              bound = c;
+              boundEp = ep;
+            } : undefined);
+          }
+        }
+        step = m.replied(o, now());
+      }
+    } catch (e) {
+      // Cut short (the user's signal, no wait connection free): give back every resource.
+      await Promise.all(keys.map((k) => this.giveBack(t, k, owner)));
+      bound?.destroy();
+      throw e;
+    }
+    attempts.push(Promise.resolve(this.stats([step.vote], keys.length)));
+    if (step.kind === "granted") {
+      const hold = new Hold(owner, keys, spec, [t.name], step.validUntil, s.driftFactor);
+      const tokens = step.tokens;
+      keys.forEach((k, i) => hold.tokens.set(k, new Map([[t.name, tokens[i] as bigint]])));
+      if (bound) hold.bound.set(0, bound);
+      return hold;
+    }
+    await Promise.all(step.giveBack.map((k) => this.giveBack(t, k, owner)));
+    bound?.destroy();
+    throw failureError(step.failure, attempts, [t.name], step.outcome ? [step.outcome] : []);
+  }
+
+  /** Runs the Redlock machine's steps. */
+  private async acquireQuorum(keys: string[], spec: AcquireSpec, owner: string, wait: number | undefined, s: Settings, attempts: Promise<ExecutionStats>[]): Promise<Hold> {
+    const n = this.targets.length;
+    const newOwner = (): string => randomBytes(16).toString("hex");
+    const m = new RedlockAttempts({ resources: keys, spec, owner, n, wait, driftFactor: s.driftFactor, newOwner }, now());
+    const deadline = shortDeadline(spec.ttl);
+    // A bound request: each attempt's holds on a connection of their own per server.
+    const conns = spec.bind ? new Map<number, Conn>() : undefined;
+    const dropConns = (keep?: ReadonlySet<number>): void => {
+      if (!conns) return;
+      for (const [server, c] of conns) {
+        if (keep?.has(server)) continue;
+        c.destroy();
+        conns.delete(server);
+      }
+    };
+    const recordRound = (): void => {
+      const round = m.takeRound();
+      if (round) attempts.push(Promise.resolve(this.stats(round, keys.length)));
+    };
+    let step: Step = m.start(now());
+    try {
+      for (;;) {
+        if (step.kind === "send") {
+          const replies = await this.execute(step.to, m.owner, deadline, step.what === "release" ? doneOutcome : acquireOutcome, s.signal, conns);
+          if (conns && step.what === "release") {
+            // Given back: closing the connection also ends anything still bound to it. A
+            // server that answered "held" keeps its connection (it holds nothing) for the next attempt.
+            for (const sc of step.to) {
+              conns.get(sc.server)?.destroy();
+              conns.delete(sc.server);
+            }
+          }
+          step = m.replied(replies, now());
+        } else if (step.kind === "sleep") {
+          await sleep(step.ms, s.signal);
+          step = m.woke(now());
+        } else if (step.kind === "granted") {
+          recordRound();
+          const hold = new Hold(step.owner, keys, spec, this.servers, step.validUntil, s.driftFactor);
+          for (const [server, toks] of step.tokens) {
+            keys.forEach((k, i) => {
+              let per = hold.tokens.get(k);
+              if (!per) hold.tokens.set(k, (per = new Map()));
+              per.set(this.targets[server]?.name ?? String(server), toks[i] as bigint);
+            });
+          }
+          if (conns) {
+            // Servers that did not vote for may hold some resources on their connection: closing it ends them.
+            dropConns(new Set(step.tokens.keys()));
+            for (const [server, c] of conns) hold.bound.set(server, c);
+          }
+          return hold;
+        } else {
+          recordRound();
+          throw failureError(step.failure, attempts, this.servers, step.outcomes);
+        }
+        recordRound();
+      }
+    } catch (e) {
+      // Failed or cut short (the user's signal, no wait connection free): give back whatever any server may hold.
+      dropConns();
+      await Promise.all(this.targets.map((t) => Promise.all(keys.map((k) => this.giveBack(t, k, m.owner)))));
+      throw e;
+    }
+  }
+
+  /**
+   * Carries out a send step: commands that do not wait are pipelined; a queued wait runs one
+   * command after the other. A bound request's acquires go over `conns` (one per server, opened
+   * for the attempt).
+   */
+  private async execute(
+    to: readonly ServerCommands[],
+    owner: string,
+    deadline: number,
+    read: (r: Reply | Error) => Outcome,
+    signal?: AbortSignal,
+    conns?: Map<number, Conn>,
+  ): Promise<(Outcome | undefined)[][]> {
+    const replies: (Outcome | undefined)[][] = this.targets.map(() => []);
+    await Promise.all(
+      to.map(async (sc) => {
+        const t = this.targets[sc.server] as Target;
+        const out = replies[sc.server] as (Outcome | undefined)[];
+        if (sc.wait !== undefined) {
+          for (const args of sc.commands) {
+            const key = args[1] as string;
+            const ep = await t.endpointFor(key).catch((e: unknown) => e as Error);
+            const o = ep instanceof Error ? errorOutcome(ep) : await this.waitOn(t, ep, key, owner, (w) => withWait(args, w), sc.wait, signal, undefined, undefined);
+            out.push(o);
+            if (o.kind !== "granted") break;
+          }
+          return;
+        }
+        let conn: Conn | undefined = conns?.get(sc.server);
+        if (conns && !conn && read === acquireOutcome) {
+          try {
+            const ep = await t.endpointFor(sc.commands[0]?.[1] as string);
+            conn = await ep.acquireWaitConn(signal);
+            conns.set(sc.server, conn);
+          } catch (e) {
+            const o = errorOutcome(e);
+            out.push(...sc.commands.map(() => o));
+            return;
+          }
+        }
+        const via = conn && !conn.closed ? conn : undefined;
+        const os = await Promise.all(sc.commands.map((args) => this.shortOutcome(t, args[1] as string, args, deadline, read, via)));
+        out.push(...os);
+      }),
+    );
+    return replies;
+  }
+
+  // ---- watch ---------------------------------------------------------------------------------
+
+  private async watch(hold: Hold): Promise<void> {
+    if (hold.watching) return;
+    hold.watching = true;
+    await Promise.all(
+      this.targets.map((t, server) =>
+        Promise.all(
+          hold.resources.map(async (key) => {
+            try {
+              const ep = await t.endpointFor(key);
+              const bound = hold.bound.get(server);
+              const w = await watchHold(ep, key, hold.owner, bound ? { boundConn: bound } : {}, (cause, detail) => {
+                hold.serverLost(server, key, { cause, resource: key, detail });
+              });
+              if (hold.stopped) w.stop();
+              else hold.watches.push(w);
+            } catch (e) {
+              // A watch that cannot be set up does not declare a loss: the validity does.
+              this.emit("error", e instanceof Error ? e : new Error(String(e)));
+            }
+          }),
+        ),
+      ),
+    );
+  }
+
+  // ---- release / extend ----------------------------------------------------------------------
+
+  /** Sends one command per resource to every server; answers by server. */
+  private async everywhere(hold: Hold | undefined, resources: readonly string[], build: (key: string) => string[], deadline: number, viaBound: boolean): Promise<ServerAnswers[]> {
+    return Promise.all(
+      this.targets.map(async (t, server) => {
+        const bound = viaBound ? hold?.bound.get(server) : undefined;
+        const conn = bound && !bound.closed ? bound : undefined;
+        return Promise.all(resources.map((key) => this.shortOutcome(t, key, build(key), deadline, doneOutcome, conn)));
+      }),
+    );
+  }
+
+  private answersStats(answers: readonly ServerAnswers[], resources: number): ExecutionStats {
+    return this.stats(answers.map((a) => vote(a, resources)), resources);
+  }
+
+  private async diagnose(hold: Hold, server: number, resource: number, text: string): Promise<LockLostError> {
+    const t = this.targets[server] as Target;
+    const key = hold.resources[resource] as string;
+    let info: LockInfo | null | undefined;
+    try {
+      info = parseInfo(await this.short(t, await t.endpointFor(key), key, infoArgs(key), 1000));
+    } catch {
+      info = undefined;
+    }
+    const loss = hold.lease.diagnosed(info, hold.owner, resource, text);
+    return hold.markLost(loss);
+  }
+
+  /**
+   * Releases the lock on every server (`LOCK.RELEASE key owner ALL`). Resolves when a majority
+   * released it; rejects with `LockLostError` (naming the cause) when the lock was lost before,
+   * or with `ExecutionError` when too few servers answered (the lock then ends at its ttl).
+   * Releasing a lock again resolves to the first release's result.
+   */
+  async release(lock: Lock, settings?: Partial<Settings>): Promise<ExecutionResult> {
+    void settings;
+    lock.expiration = 0;
+    const hold = holdOf(lock);
+    if (hold?.releaseResult) return hold.releaseResult;
+    hold?.stop();
+    const resources = hold ? hold.resources : lock.resources;
+    const answers = await this.everywhere(hold, resources, (k) => releaseArgs(k, lock.value, true), shortDeadline(hold?.spec.ttl ?? 1000), true);
+    const attempts = [Promise.resolve(this.answersStats(answers, resources.length))];
+    const closed = hold ? [...hold.bound.values()].some((c) => c.closed) : false;
+    if (hold) {
+      for (const c of hold.bound.values()) c.destroy();
+      this.live.delete(hold);
+    }
+    if (!hold) {
+      const votes = answers.map((a) => vote(a, resources.length));
+      if (votes.filter((v) => v.kind === "for").length >= Math.floor(this.targets.length / 2) + 1) return { attempts };
+      throw new ExecutionError(QUORUM_MESSAGE, attempts);
+    }
+    const v = hold.lease.releasedWith(answers, closed, now());
+    switch (v.kind) {
+      case "ok":
+        hold.releaseResult = { attempts };
+        return hold.releaseResult;
+      case "lost": {
+        const e = hold.lost ?? new LockLostError(v.loss.resource, v.loss.cause, v.loss.detail);
+        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
+      }
+      case "diagnose": {
+        const e = await this.diagnose(hold, v.server, v.resource, "");
+        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
+      }
+      case "unreachable":
+        throw failureError({ kind: "unreachable", servers: unreachableOf(answers) }, attempts, this.servers, answers.map(firstBad));
+    }
+  }
+
+  /**
+   * Extends the lock to `duration` ms from now on every server (`LOCK.EXTEND`): resolves to a new
+   * `Lock` (the old one's `expiration` becomes 0, as in redlock). Rejects with `LockLostError` when
+   * the lock is lost, with `ExecutionError` when too few servers confirmed it in time.
+   */
+  async extend(existing: Lock, duration: number, settings?: Partial<Settings>): Promise<Lock> {
+    void settings;
+    checkTtl(duration);
+    const hold = holdOf(existing);
+    if (hold?.lost) throw hold.lost;
+    if (existing.expiration < Date.now()) throw new ExecutionError("Cannot extend an already-expired lock.", []);
+    const sent = now();
+    const resources = hold ? hold.resources : existing.resources;
+    const answers = await this.everywhere(hold, resources, (k) => extendArgs(k, existing.value, duration), shortDeadline(duration), false);
+    const attempts = [Promise.resolve(this.answersStats(answers, resources.length))];
+    if (!hold) {
+      const votes = answers.map((a) => vote(a, resources.length));
+      if (votes.filter((v) => v.kind === "for").length < Math.floor(this.targets.length / 2) + 1) throw new ExecutionError(QUORUM_MESSAGE, attempts);
+      existing.expiration = 0;
+      return new Lock(this, existing.resources, existing.value, attempts, Date.now() + duration - (Math.round(this.settings.driftFactor * duration) + 2));
+    }
+    const closed = [...hold.bound.values()].some((c) => c.closed);
+    const v = hold.lease.extended(answers, closed, sent, duration, now());
+    switch (v.kind) {
+      case "ok": {
+        existing.expiration = 0;
+        hold.spec = { ...hold.spec, ttl: duration };
+        if (hold.watching) hold.armExpiry();
+        return makeLock(this, hold, attempts, Date.now() + Math.max(0, v.validUntil - now()));
+      }
+      case "lost": {
+        const e = hold.markLost(v.loss);
+        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
+      }
+      case "diagnose": {
+        const e = await this.diagnose(hold, v.server, v.resource, "");
+        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
+      }
+      case "unreachable":
+        throw failureError({ kind: "unreachable", servers: unreachableOf(answers) }, attempts, this.servers, answers.map(firstBad));
+    }
+  }
+
+  // ---- using ---------------------------------------------------------------------------------
+
+  /**
+   * Runs `routine` under a lock on `resources`, extended automatically (when less than
+   * `automaticExtensionThreshold` ms of it are left, as redlock) and watched: if the lock is lost
+   * (its key deleted or overwritten, another owner holds it, an extension fails for good), the
+   * routine's signal aborts with `signal.error` (and `signal.reason`) set to a `LockLostError`.
+   * The lock is released when the routine ends; resolves to the routine's value, or rejects with
+   * its error (a failed release after a loss does not hide it), or with `LockLostError` when the
+   * routine succeeded but the lock turned out lost by its release.
+   */
+  using<T>(resources: string[], duration: number, settings: Partial<Settings>, routine?: (signal: RedlockAbortSignal) => Promise<T>): Promise<T>;
+  using<T>(resources: string[], duration: number, routine: (signal: RedlockAbortSignal) => Promise<T>): Promise<T>;
+  async using<T>(
+    resources: string[],
+    duration: number,
+    settingsOrRoutine: Partial<Settings> | ((signal: RedlockAbortSignal) => Promise<T>) | undefined,
+    optionalRoutine?: (signal: RedlockAbortSignal) => Promise<T>,
+  ): Promise<T> {
+    if (Math.floor(duration) !== duration) throw new Error("Duration must be an integer value in milliseconds.");
+    const over = settingsOrRoutine && typeof settingsOrRoutine !== "function" ? settingsOrRoutine : undefined;
+    const settings = resolveSettings(this.settings, over);
+    const routine = optionalRoutine ?? settingsOrRoutine;
+    if (typeof routine !== "function") throw new Error("INVARIANT: routine is not a function.");
+    if (settings.automaticExtensionThreshold > duration - 100) {
+      throw new Error("A lock `duration` must be at least 100ms greater than the `automaticExtensionThreshold` setting.");
+    }
+    const controller = new AbortController();
+    const signal = controller.signal as RedlockAbortSignal;
+    let lock = await this.acquireAs(resources, duration, over, { kind: "write", watch: true });
+    const hold = holdOf(lock) as Hold;
+    const abort = (e: LockLostError): void => {
+      if (signal.aborted) return;
+      signal.error = e;
+      controller.abort(e);
+    };
+    hold.onLoss(abort);
+    if (hold.lost) abort(hold.lost);
+    let timer: NodeJS.Timeout | undefined;
+    let extension: Promise<void> | undefined;
+    let finished = false;
+    const queue = (): void => {
+      if (finished) return;
+      timer = setTimeout(() => {
+        timer = undefined;
+        extension = extend();
+      }, extensionDelay(lock.expiration, Date.now(), settings.automaticExtensionThreshold));
+    };
+    const extend = async (): Promise<void> => {
+      for (;;) {
+        if (finished || signal.aborted) return;
+        try {
+          lock = await lock.extend(duration);
+          queue();
+          return;
+        } catch (e) {
+          const next = afterExtendFailure(e instanceof LockLostError, hold.lease.validity(now()), settings.retryDelay);
+          if (next.kind === "lost") return abort(hold.lost ?? (e as LockLostError));
+          if (next.kind === "retry") {
+            await sleep(next.ms);
+            continue;
+          }
+          const lost = hold.markLost({ cause: "expired", resource: hold.resources[0] ?? "", detail: e instanceof Error ? e.message : String(e) });
+          return abort(lost);
+        }
+      }
+    };
+    queue();
+    let result: T;
+    try {
+      result = await routine(signal);
+    } catch (routineError) {
+      finished = true;
+      await cleanup();
+      await lock.release().catch(() => undefined);
+      throw routineError;
+    }
+    finished = true;
+    await cleanup();
+    try {
+      await lock.release();
+    } catch (e) {
+      // The work ran under the lock unless the lock was lost: only a loss fails the using.
+      if (e instanceof LockLostError) throw e;
+    }
+    return result;
+
+    async function cleanup(): Promise<void> {
+      if (timer) clearTimeout(timer);
+      timer = undefined;
+      if (extension) await extension.catch(() => undefined);
+    }
+  }
+}
+
+/** A queued command with the wait that is left (its `WAIT ms` replaced). */
+function withWait(args: readonly string[], wait: number): string[] {
+  const out = [...args];
+  const i = out.indexOf("WAIT");
+  if (i >= 0) out[i + 1] = waitArg(wait);
+  return out;
+}
+
+/** The servers (indices) whose answers include a lost connection or no reply. */
+function unreachableOf(answers: readonly ServerAnswers[]): number[] {
+  const out: number[] = [];
+  answers.forEach((a, i) => {
+    if (a.some((o) => !o || o.kind === "unreachable")) out.push(i);
+  });
+  return out;
+}
+
+function firstBad(a: ServerAnswers): Outcome {
+  return a.find((o): o is Outcome => !!o && o.kind !== "granted") ?? { kind: "granted", token: 0n };
+}
+
+export { Redlock };

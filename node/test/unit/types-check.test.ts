@@ -1,0 +1,14 @@
+// Type-level check: every client kind the package takes is a RedisClientLike (compiles or not).
+import { it } from "node:test";
+import assert from "node:assert/strict";
+import type { Redis, Cluster } from "ioredis";
+import type { createClient } from "redis";
+import type { RedisClientLike } from "../../src/settings.js";
+
+type NodeRedis5 = ReturnType<typeof createClient>;
+type NodeRedis4 = ReturnType<typeof import("redis4").createClient>;
+const ok: [Redis, Cluster, NodeRedis5, NodeRedis4] extends [RedisClientLike, RedisClientLike, RedisClientLike, RedisClientLike] ? true : false = true;
+
+it("ioredis Redis and Cluster and node-redis v4/v5 clients are RedisClientLike", () => {
+  assert.equal(ok, true);
+});
