@@ -7,6 +7,9 @@ import { describe, test } from "node:test";
 import Redlock, { type Lock } from "../src/index.js";
 import { now, sleep, useKit, waitFor, type Server } from "./kit/index.js";
 
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
+
 describe("a wait cut short leaves no grant", () => {
   const kit = useKit();
   let server: Server;
@@ -30,7 +33,7 @@ describe("a wait cut short leaves no grant", () => {
     assert.equal(await server.lockInfo(key), null, `${key} stays free`);
   }
 
-  test("an aborted wait rejects, leaves the queue, and is never granted", async () => {
+  test("an aborted wait rejects, leaves the queue, and is never granted", { timeout: TEST_TIMEOUT_MS }, async () => {
     await setup();
     const key = "abort:signal";
     const held = await holder.acquire([key], 30_000);
@@ -47,7 +50,7 @@ describe("a wait cut short leaves no grant", () => {
     await nothingHeld(key);
   });
 
-  test("an already aborted signal does not queue at all", async () => {
+  test("an already aborted signal does not queue at all", { timeout: TEST_TIMEOUT_MS }, async () => {
     await setup();
     const key = "abort:before";
     const held = await holder.acquire([key], 30_000);
@@ -57,7 +60,7 @@ describe("a wait cut short leaves no grant", () => {
     await nothingHeld(key);
   });
 
-  test("a timed-out wait rejects after its wait and leaves no grant", async () => {
+  test("a timed-out wait rejects after its wait and leaves no grant", { timeout: TEST_TIMEOUT_MS }, async () => {
     await setup();
     const key = "abort:timeout";
     const held = await holder.acquire([key], 30_000);
@@ -70,7 +73,7 @@ describe("a wait cut short leaves no grant", () => {
     await nothingHeld(key);
   });
 
-  test("an abort racing the grant: 50 rounds, the waiter holds only when acquire resolved", async () => {
+  test("an abort racing the grant: 50 rounds, the waiter holds only when acquire resolved", { timeout: TEST_TIMEOUT_MS }, async () => {
     await setup();
     let granted = 0;
     let abortedRounds = 0;

@@ -6,6 +6,9 @@ import { describe, test } from "node:test";
 import Redlock, { ExecutionError } from "../src/index.js";
 import { useKit, waitFor, type Cluster } from "./kit/index.js";
 
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
+
 describe("Redis Cluster (ioredis Cluster)", () => {
   const kit = useKit();
   let cluster: Cluster;
@@ -15,7 +18,7 @@ describe("Redis Cluster (ioredis Cluster)", () => {
     return cluster;
   }
 
-  test("one lock over keys in 3 slots on 3 nodes, released together", async () => {
+  test("one lock over keys in 3 slots on 3 nodes, released together", { timeout: TEST_TIMEOUT_MS }, async () => {
     const c = await setup();
     const keys = c.keysOnEachNode("multi:");
     const r = new Redlock([kit.ioredisCluster(c)], { retryCount: 0 });
@@ -32,7 +35,7 @@ describe("Redis Cluster (ioredis Cluster)", () => {
     for (const [i, k] of keys.entries()) assert.equal(await c.nodes[i]!.lockInfo(k), null);
   });
 
-  test("a wait on a key served by another node than the first startup node", async () => {
+  test("a wait on a key served by another node than the first startup node", { timeout: TEST_TIMEOUT_MS }, async () => {
     const c = await setup();
     const node = c.nodes[2]!;
     const key = c.keyOn(node, "wait:");
@@ -50,7 +53,7 @@ describe("Redis Cluster (ioredis Cluster)", () => {
     await lock.release();
   });
 
-  test("a held key in another slot: no wait → refused, nothing left behind", async () => {
+  test("a held key in another slot: no wait → refused, nothing left behind", { timeout: TEST_TIMEOUT_MS }, async () => {
     const c = await setup();
     const keys = c.keysOnEachNode("refuse:");
     const a = new Redlock([kit.ioredisCluster(c)], { retryCount: 0 });

@@ -9,6 +9,9 @@ import { before, describe, test } from "node:test";
 
 import { tempDir } from "./kit/index.js";
 
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
+
 /** node/ (this file runs from node/build/test/). */
 const PKG = resolve(__dirname, "../..");
 const DIST = join(PKG, "dist");
@@ -38,7 +41,7 @@ describe("the built dist", () => {
     assert.ok(existsSync(join(DIST, "types", "index.d.ts")), "no dist/types");
   });
 
-  test("loads as an ES module by its name", async () => {
+  test("loads as an ES module by its name", { timeout: TEST_TIMEOUT_MS }, async () => {
     const d = scratch();
     writeFileSync(
       join(d, "esm.mjs"),
@@ -59,7 +62,7 @@ console.log("esm ok", import.meta.url.includes("dist-check"));
     if (which.out.trim()) assert.match(which.out, /dist\/esm\/index\.js/);
   });
 
-  test("loads as CommonJS by its name", async () => {
+  test("loads as CommonJS by its name", { timeout: TEST_TIMEOUT_MS }, async () => {
     const d = scratch();
     writeFileSync(
       join(d, "cjs.cjs"),
@@ -76,7 +79,7 @@ console.log("cjs ok");
     assert.match(r.out, /cjs ok/);
   });
 
-  test("the declarations type-check for strict ESM and CommonJS consumers", async () => {
+  test("the declarations type-check for strict ESM and CommonJS consumers", { timeout: TEST_TIMEOUT_MS }, async () => {
     const d = scratch();
     const use = `
 const r = new Redlock([]);

@@ -6,13 +6,16 @@ import { describe, test } from "node:test";
 import Redlock, { type Lock } from "../src/index.js";
 import { CLIENT_KINDS, useKit, waitFor } from "./kit/index.js";
 
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
+
 const WAITERS = 16;
 
 describe("FIFO hand-over", () => {
   const kit = useKit();
 
   for (const kind of CLIENT_KINDS) {
-    test(`${WAITERS} waiters are granted in their queue order (${kind})`, async () => {
+    test(`${WAITERS} waiters are granted in their queue order (${kind})`, { timeout: TEST_TIMEOUT_MS }, async () => {
       const server = await kit.server();
       const key = `fifo:${kind}`;
       const make = async (): Promise<Redlock> => {

@@ -6,6 +6,9 @@ import { after, beforeEach, describe, test } from "node:test";
 import Redlock, { ExecutionError, type Lock } from "../src/index.js";
 import { now, useKit, waitFor, type Server } from "./kit/index.js";
 
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
+
 describe("quorum over 5 servers", () => {
   const kit = useKit();
   let servers: Server[] = [];
@@ -42,7 +45,7 @@ describe("quorum over 5 servers", () => {
     return n;
   }
 
-  test("all 5 up: held on all 5, one token per server, released everywhere", async () => {
+  test("all 5 up: held on all 5, one token per server, released everywhere", { timeout: TEST_TIMEOUT_MS }, async () => {
     const lock = await redlock.acquire(["q:all"], 5000);
     assert.equal(await holdersOn("q:all", lock), 5);
     const perServer = lock.tokens.get("q:all");
@@ -53,7 +56,7 @@ describe("quorum over 5 servers", () => {
     for (const s of servers) assert.equal(await s.lockInfo("q:all"), null);
   });
 
-  test("2 of 5 down: acquire works (held on the 3 others), the error event reports them", async () => {
+  test("2 of 5 down: acquire works (held on the 3 others), the error event reports them", { timeout: TEST_TIMEOUT_MS }, async () => {
     await servers[0]!.kill();
     await servers[3]!.kill();
     const lock = await redlock.acquire(["q:down2"], 5000);
@@ -64,7 +67,7 @@ describe("quorum over 5 servers", () => {
     for (const s of servers) if (s.alive) assert.equal(await s.lockInfo("q:down2"), null);
   });
 
-  test("2 of 5 paused (SIGSTOP): acquire works within a bounded time", async () => {
+  test("2 of 5 paused (SIGSTOP): acquire works within a bounded time", { timeout: TEST_TIMEOUT_MS }, async () => {
     servers[1]!.pause();
     servers[4]!.pause();
     const t0 = now();
@@ -79,7 +82,7 @@ describe("quorum over 5 servers", () => {
     assert.ok(now() - t1 < 2500, "release does not wait for the paused servers either");
   });
 
-  test("3 of 5 down: ExecutionError saying the quorum was not reached, naming the servers", async () => {
+  test("3 of 5 down: ExecutionError saying the quorum was not reached, naming the servers", { timeout: TEST_TIMEOUT_MS }, async () => {
     const down = [servers[0]!, servers[2]!, servers[4]!];
     for (const s of down) await s.kill();
     const t0 = now();
@@ -100,7 +103,7 @@ describe("quorum over 5 servers", () => {
     for (const s of servers) if (s.alive) assert.equal(await s.lockInfo("q:down3"), null);
   });
 
-  test("3 of 5 paused: ExecutionError in bounded time, nothing left held", async () => {
+  test("3 of 5 paused: ExecutionError in bounded time, nothing left held", { timeout: TEST_TIMEOUT_MS }, async () => {
     const paused = [servers[1]!, servers[2]!, servers[3]!];
     for (const s of paused) s.pause();
     const t0 = now();

@@ -7,6 +7,9 @@ import { describe, test } from "node:test";
 import Redlock, { type Lock } from "../src/index.js";
 import { useKit, waitFor, type Server } from "./kit/index.js";
 
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
+
 /** Acquires `key`, retrying while the client reconnects after a restart. */
 async function acquireAfterRestart(r: Redlock, key: string): Promise<Lock> {
   return waitFor(() => r.acquire([key], 10_000), 15_000, { intervalMs: 100, what: `acquire ${key} after the restart` });
@@ -38,7 +41,7 @@ async function tokensBeforeAndAfter(server: Server, r: Redlock, restart: () => P
 describe("tokens across a restart", () => {
   const kit = useKit();
 
-  test("appendonly yes, clean stop: tokens after are strictly greater (bigint)", async () => {
+  test("appendonly yes, clean stop: tokens after are strictly greater (bigint)", { timeout: TEST_TIMEOUT_MS }, async () => {
     const server = await kit.server({ appendonly: true });
     const r = new Redlock([kit.ioredis(server)], { retryCount: 0 });
     kit.defer(() => r.quit());
@@ -47,14 +50,14 @@ describe("tokens across a restart", () => {
     assert.equal((await server.holders("restart:held")).length, 1);
   });
 
-  test("appendonly yes, SIGKILL: tokens after are strictly greater", async () => {
+  test("appendonly yes, SIGKILL: tokens after are strictly greater", { timeout: TEST_TIMEOUT_MS }, async () => {
     const server = await kit.server({ appendonly: true });
     const r = new Redlock([kit.ioredis(server)], { retryCount: 0 });
     kit.defer(() => r.quit());
     await tokensBeforeAndAfter(server, r, () => server.restart({ kill: true }));
   });
 
-  test("no persistence, SIGKILL: tokens after are still strictly greater", async () => {
+  test("no persistence, SIGKILL: tokens after are still strictly greater", { timeout: TEST_TIMEOUT_MS }, async () => {
     const server = await kit.server();
     const r = new Redlock([await kit.nodeRedis(server)], { retryCount: 0 });
     kit.defer(() => r.quit());

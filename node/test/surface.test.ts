@@ -4,7 +4,10 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
 import Redlock, { ExecutionError, Lock, ResourceLockedError } from "../src/index.js";
-import { CLIENT_KINDS, sleep, useKit, type ClientKind, type Kit, type Server } from "./kit/index.js";
+import { CLIENT_KINDS, sleep, useKit, waitFor, type ClientKind, type Kit, type Server } from "./kit/index.js";
+
+/** A hanging test fails instead of keeping `node --test` running. */
+const TEST_TIMEOUT_MS = 120_000;
 
 interface Ctx {
   kit: Kit;
@@ -139,7 +142,7 @@ const scenarios: Scenario[] = [
     const r = await c.redlock();
     const keys = [c.key("m:b"), c.key("m:a"), c.key("m:c")];
     const lock = await r.acquire(keys, 5000);
-    assert.deepEqual(lock.resources, keys);
+    assert.deepEqual(lock.resources, keys, "lock.resources as given (redlock's), whatever order they are taken in");
     for (const k of keys) assert.deepEqual(await c.server.holders(k), [lock.value]);
     assert.equal(lock.tokens.size, 3);
     await lock.release();
@@ -202,8 +205,9 @@ const scenarios: Scenario[] = [
     const lock = await r.acquire([c.key("quit")], 5000);
     await lock.release();
     await r.quit();
-    if (c.kind === "ioredis") assert.equal((client as { status: string }).status, "end");
-    else assert.equal((client as { isOpen: boolean }).isOpen, false);
+    // ioredis says "end" once the socket has closed after QUIT's reply.
+    if (c.kind === "ioredis") await waitFor(() => (client as { status: string }).status === "end", 5000, { what: "the ioredis client ended" });
+    else await waitFor(() => (client as { isOpen: boolean }).isOpen === false, 5000, { what: "the node-redis client closed" });
   }],
 ];
 
@@ -214,7 +218,7 @@ describe("the redlock v5 surface", () => {
   for (const kind of CLIENT_KINDS) {
     describe(kind, () => {
       for (const [name, run] of scenarios) {
-        test(name, async () => {
+        test(name, { timeout: TEST_TIMEOUT_MS }, async () => {
           server ??= await kit.server();
           const s = server;
           await run({
