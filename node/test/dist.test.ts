@@ -127,7 +127,8 @@ void f;
     walk(join(DIST, "types"));
     assert.ok(files.length > 0);
     for (const f of files) {
-      const text = readFileSync(f, "utf8");
+      // Declarations only: TSDoc and line comments may say "any" in prose.
+      const text = readFileSync(f, "utf8").replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
       assert.doesNotMatch(text, /from ["'](ioredis|redis|redis4|@redis\/[^"']+)["']/, f);
       assert.doesNotMatch(text, /import\(["'](ioredis|redis|@redis\/[^"']+)["']\)/, f);
       assert.doesNotMatch(text, /:\s*any\b|<any>|any\[\]/, `${f} exposes any`);

@@ -52,7 +52,11 @@ describe("using: loss noticed", () => {
         seen = signal.error;
         throw sentinel;
       });
-      await assert.rejects(result, (e) => e === sentinel, "using() rejects with the routine's own error");
+      // using() rejects with the routine's own error (an assertion failing inside it included).
+      await assert.rejects(result, (e) => {
+        if (e !== sentinel) throw e;
+        return true;
+      });
       assert.ok(seen instanceof LockLostError, `signal.error is a LockLostError: ${String(seen)}`);
       assert.equal(seen.cause, "deleted");
     }
