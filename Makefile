@@ -2,6 +2,8 @@
 # every test. Both install redis-server, libclang-dev and prometheus-redis-exporter with apt-get
 # when they are missing;
 # `make test-valkey` runs the same tests on Valkey 8 (installed from bookworm-backports).
+# The Node.js client's targets (node-deps, node-build, test-node, lint-node, bench-node) need
+# node and npm (installed by scripts/ensure-deps.sh when missing).
 
 PORT ?= 6379
 CARGO ?= cargo
@@ -9,7 +11,8 @@ MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
 .PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
-	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run
+	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run \
+	node-deps node-build test-node lint-node bench-node bench-node-run
 
 all: build
 
@@ -52,6 +55,7 @@ test-server:
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client --features tls
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-python
+	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-node
 
 # Benchmarks: the module against SET NX + polling and a Lua fair lock, in one run, on a server
 # the tool starts itself. With two or more CPUs the server runs on CPU 0 and the clients on 1.
@@ -67,6 +71,7 @@ bench: deps
 	$(CARGO) build --release -p redis-lock-bench
 	$(BENCH_PIN) target/release/lock-bench $(BENCH_BEFORE_ARG) --out docs/benchmarks.md
 	$(MAKE) bench-python-run
+	$(MAKE) bench-node-run
 
 bench-worst-case: deps
 	$(CARGO) build --release
@@ -109,6 +114,7 @@ lint: deps
 	$(CARGO) clippy --all-targets --features test-hooks -- -D warnings
 	$(CARGO) clippy -p redis-lock-client --all-targets --features tls -- -D warnings
 	$(MAKE) lint-python
+	$(MAKE) lint-node
 
 fmt:
 	$(CARGO) fmt
@@ -263,3 +269,54 @@ target/python-venv-redispy-%/.installed: $(REDISPY_PINS) python/pyproject.toml
 	$(@D)/bin/python -m pip install -q redis==$* $$(awk -v v=$* '$$1 == v {for (i = 3; i <= NF; i++) print $$i}' $(REDISPY_PINS)) -e ./python
 	@touch $@
 # == end of redis-py's own Lock tests ==
+
+# == Node.js client (node/, npm package redis-lock-client) ==
+# Its dependencies (TypeScript, @types/node, and for the tests ioredis, node-redis v5 and v4, and
+# redlock for the benchmark) come from the committed lockfile with `npm ci` into node/node_modules,
+# run only when node_modules is missing or node/package-lock.json is newer than what npm last
+# installed (node_modules/.package-lock.json), so a repeated `make test` does not go to the registry.
+NODE_INSTALLED := node/node_modules/.package-lock.json
+NODE_TSC := node_modules/.bin/tsc
+
+node-deps:
+	@command -v npm >/dev/null || scripts/ensure-deps.sh
+	@if [ ! -f $(NODE_INSTALLED) ] || [ node/package-lock.json -nt $(NODE_INSTALLED) ]; then \
+		echo "== npm ci in node/"; \
+		(cd node && npm ci --no-audit --no-fund) && touch $(NODE_INSTALLED); \
+	fi
+
+# The package: ES modules (node/dist/esm), CommonJS (node/dist/cjs), declarations (node/dist/types).
+node-build: node-deps
+	cd node && node scripts/build.mjs
+
+# The package's tests (node/test/, compiled into node/build/ by tsconfig.test.json; node:test),
+# against real servers the test kit (node/test/kit/) starts: SERVER (or REDIS_LOCK_SERVER) names the
+# binary, REDIS_LOCK_MODULE the module (default: the debug build with test hooks, built here when the
+# variable is not set). NODE_TEST_FILES narrows the run (paths under node/, e.g.
+# build/test/fifo.test.js); by default every *.test.js under build/test, one file at a time.
+NODE_TEST_FILES ?=
+
+test-node: node-build
+	@if [ -z "$$REDIS_LOCK_MODULE" ]; then $(CARGO) build --features test-hooks; fi
+	cd node && rm -rf build && $(NODE_TSC) -p tsconfig.test.json
+	@cd node && export REDIS_LOCK_SERVER=$${REDIS_LOCK_SERVER:-$(SERVER)} REDIS_LOCK_MODULE=$${REDIS_LOCK_MODULE:-$(CURDIR)/$(TEST_MODULE)}; \
+		echo "== node tests on Node $$(node --version) and $$($$REDIS_LOCK_SERVER --version | cut -d' ' -f1-3)"; \
+		files="$(NODE_TEST_FILES)"; [ -n "$$files" ] || files=$$(find build/test -name '*.test.js' | sort); \
+		node --test --test-concurrency=1 $$files
+
+# The package and its tests type-check (strict), without emitting.
+lint-node: node-deps
+	cd node && $(NODE_TSC) -p tsconfig.json --noEmit
+	cd node && $(NODE_TSC) -p tsconfig.test.json --noEmit
+
+# The package against redlock 5.0.0-beta.2 (polling) on one server with the release build:
+# acquire+release pairs/s and 16-waiter hand-over p50/p99; replaces its own section at the end of
+# docs/benchmarks.md. `make bench` runs it after the Python benchmark.
+bench-node: deps
+	$(CARGO) build --release
+	$(MAKE) bench-node-run
+
+bench-node-run: node-build
+	cd node && rm -rf build && $(NODE_TSC) -p tsconfig.test.json
+	REDIS_LOCK_MODULE=$(CURDIR)/$(MODULE) node node/build/bench/bench.js --out docs/benchmarks.md
+# == end of the Node.js client ==

@@ -3,7 +3,10 @@
 # Idempotent: does nothing (and asks no registry) when everything is present.
 #
 #   scripts/ensure-deps.sh            redis-server, redis-cli, redis-benchmark, libclang,
-#                                     prometheus-redis-exporter (for one test)
+#                                     prometheus-redis-exporter (for one test), and nodejs and
+#                                     npm for the Node.js client (node/) when `node` or `npm` is
+#                                     missing (Debian's nodejs is 18 on bookworm: the package's
+#                                     minimum; a newer Node already on PATH is used as it is)
 #   scripts/ensure-deps.sh valkey     also valkey-server 8 (from bookworm-backports)
 #
 # libclang: bindgen (run by the redis-module crate's build script) loads `libclang.so` or
@@ -55,6 +58,10 @@ have_libclang || missing+=(libclang-dev)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # The Python client's tests run in a virtual environment (Debian's python3 needs python3-venv).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# The Node.js client (node/): its build and tests run with node and npm (`make node-deps` then
+# installs its packages from node/package-lock.json).
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Prometheus's redis_exporter, for the test of the shipped collect script (tests/observability.rs).
 command -v prometheus-redis-exporter >/dev/null 2>&1 || command -v redis_exporter >/dev/null 2>&1 \
   || missing+=(prometheus-redis-exporter)

@@ -1,0 +1,48 @@
+// The shared test kit for the Node package: real servers with the module (no mocks), clusters,
+// TLS, client factories, child processes, polling and INFO helpers. See kit.ts for the Kit.
+export { CLIENT_KINDS, Kit, useKit, type ClientKind, type HasAfter } from "./kit.js";
+export {
+  MODULE_PATH,
+  REPO,
+  SERVER_BINARY,
+  Server,
+  exited,
+  freeClusterPort,
+  freePort,
+  tempDir,
+  removeTempDir,
+  type ServerOptions,
+} from "./server.js";
+export { Cluster, cliBinary, keySlot } from "./cluster.js";
+export { TlsServer, makeCertificates, type Certificates } from "./tls.js";
+export {
+  closeClient,
+  makeIoredis,
+  makeIoredisCluster,
+  makeNodeRedis,
+  makeNodeRedis4,
+  type Address,
+  type NodeRedis4,
+  type NodeRedis4Options,
+  type NodeRedis5,
+  type NodeRedis5Options,
+} from "./clients.js";
+export { PACKAGE_ENTRY, holderScript, parseHeld, spawnHolder, spawnNode, type Child, type HolderOptions, type SpawnNodeOptions } from "./child.js";
+export { PATIENCE_MS, now, percentile, sleep, waitFor, type WaitForOptions } from "./wait.js";
+export { parseCommandstats, parseInfo, parseLockInfo, type CommandStat, type KitHolder, type KitLockInfo } from "./info.js";
+export { RespConn, RespError, command, encode, parseReply, type RespValue } from "./resp.js";
+
+import { parseCommandstats, type CommandStat } from "./info.js";
+import type { Server } from "./server.js";
+
+/** INFO commandstats of `server`, by command name in lower case (`lock.acquire`, ...). */
+export async function commandstats(server: Server): Promise<Map<string, CommandStat>> {
+  return parseCommandstats(String(await server.call(["INFO", "commandstats"])));
+}
+
+/** Calls of the module's commands (`lock.*`) on `server` since its last CONFIG RESETSTAT. */
+export async function lockCalls(server: Server): Promise<number> {
+  let n = 0;
+  for (const [name, s] of await commandstats(server)) if (name.startsWith("lock.")) n += s.calls;
+  return n;
+}
