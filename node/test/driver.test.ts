@@ -20,7 +20,7 @@ import {
   type Conn,
   type Reply,
   type Target,
-} from "../src/driver/types.js";
+} from "../src/driver/index.js";
 import { slotOf } from "../src/driver/slot.js";
 import { watchHold, type LossCause } from "../src/watcher.js";
 

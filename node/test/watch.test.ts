@@ -8,7 +8,7 @@ import { join } from "node:path";
 import Redis from "ioredis";
 import { createClient as createClient5 } from "redis";
 import { createClient as createClient4 } from "redis4";
-import { targetFor, type Endpoint, type Target } from "../src/driver/types.js";
+import { targetFor, type Endpoint, type Target } from "../src/driver/index.js";
 import { watchHold, type LossCause } from "../src/watcher.js";
 
 // temporary: replaced by test/kit at integration ------------------------------------------
