@@ -1,5 +1,6 @@
-// Builds the package: ES modules (dist/esm), CommonJS (dist/cjs) and type declarations
-// (dist/types) from one source. Each output directory gets a package.json naming its module
+// Builds the package: ES modules (dist/esm) and CommonJS (dist/cjs), each with its own type
+// declarations (a .d.ts is read as ESM or CommonJS by the package.json beside it, so ESM and
+// CommonJS consumers each need their own copy), from one source. Each output directory gets a package.json naming its module
 // kind, so Node reads the .js files in it the right way whatever the package's own "type" is.
 import { execFileSync } from "node:child_process";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
@@ -12,7 +13,6 @@ rmSync(join(root, "dist"), { recursive: true, force: true });
 for (const [config, out, type] of [
   ["tsconfig.json", "esm", "module"],
   ["tsconfig.cjs.json", "cjs", "commonjs"],
-  ["tsconfig.types.json", "types", null],
 ]) {
   execFileSync(process.execPath, [tsc, "-p", join(root, config)], { stdio: "inherit" });
   if (type) {

@@ -161,9 +161,9 @@ export class NotOwnerError extends ExecutionError {
  * A reply read as a JavaScript number that is not a safe integer (it may have been rounded):
  * the package never rounds a fencing token.
  */
-export class TokenPrecisionError extends Error {
-  constructor(message: string) {
-    super(message);
+export class TokenPrecisionError extends ExecutionError {
+  constructor(message: string, attempts: ReadonlyArray<Promise<ExecutionStats>> = []) {
+    super(message, attempts);
     this.name = "TokenPrecisionError";
   }
 }

@@ -6,7 +6,7 @@
 import Redlock from "./redlock.js";
 
 export default Redlock;
-export { Redlock, REDLOCK_NO_PERMITS, type RedlockAbortSignal } from "./redlock.js";
+export { Redlock, REDLOCK_NO_PERMITS, type RedlockAbortSignal, type RedlockUsingContext } from "./redlock.js";
 export { Lock, type ExecutionResult, type LockMode } from "./lock.js";
 export {
   ResourceLockedError,
@@ -25,6 +25,12 @@ export {
   type ExecutionStats,
   type LossCause,
 } from "./errors.js";
+export {
+  ConnectionLostError,
+  ReplyTimeoutError,
+  UnsafeIntegerReplyError,
+  UnsupportedClientError,
+} from "./core/reply.js";
 export { defaultSettings, type Settings, type RedisClientLike } from "./settings.js";
 export type { LockInfo, LockHolder } from "./core/info.js";
 /** The package's version. */

@@ -132,9 +132,11 @@ export function holdOf(lock: Lock): Hold | undefined {
   return holds.get(lock);
 }
 
-/** @internal Builds a lock on a hold. */
-export function makeLock(redlock: Redlock, hold: Hold, attempts: ReadonlyArray<Promise<ExecutionStats>>, expiration: number): Lock {
-  const lock = new Lock(redlock, [...hold.resources], hold.owner, attempts, expiration);
+/** @internal Builds a lock on a hold. `resources` is the list as the caller named it (the hold
+ *  keeps them in the global order it takes them in; `lock.resources` keeps the caller's order,
+ *  as redlock does). */
+export function makeLock(redlock: Redlock, hold: Hold, attempts: ReadonlyArray<Promise<ExecutionStats>>, expiration: number, resources: readonly string[] = hold.resources): Lock {
+  const lock = new Lock(redlock, [...resources], hold.owner, attempts, expiration);
   holds.set(lock, hold);
   return lock;
 }

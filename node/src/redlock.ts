@@ -6,7 +6,7 @@
  */
 import { EventEmitter } from "node:events";
 import { randomBytes } from "node:crypto";
-import { targetFor, ServerReplyError, type Arg, type Conn, type Endpoint, type Reply, type Target } from "./driver/index.js";
+import { targetFor, withDeadline, ServerReplyError, type Arg, type Conn, type Endpoint, type Reply, type Target } from "./driver/index.js";
 import { watchHold } from "./watcher.js";
 import {
   ConnectionLimitError,
@@ -42,6 +42,18 @@ import { OneServerAttempt, type OneStep } from "./core/single.js";
 import { afterExtendFailure, extensionDelay } from "./core/extension.js";
 import { Hold, Lock, holdOf, makeLock, type ExecutionResult } from "./lock.js";
 import { constructorSettings, resolveSettings, serverWait, type RedisClientLike, type Settings } from "./settings.js";
+
+/**
+ * The second argument of a `using()` routine (as in `@sesamecare-oss/redlock`): the lock as it
+ * stands now (replaced by each automatic extension, which returns a new `Lock`) and how many
+ * extensions there were. redlock v5 routines take only the signal and may ignore it.
+ */
+export interface RedlockUsingContext {
+  /** The current lock (its `expiration` and fencing tokens). */
+  lock: Lock;
+  /** How many times the lock was extended automatically so far. */
+  extensions: number;
+}
 
 /** The `AbortSignal` a `using()` routine gets: aborted when the lock is lost, with the `LockLostError` in `error` (and `reason`). */
 export type RedlockAbortSignal = AbortSignal & { error?: Error };
@@ -193,12 +205,14 @@ export default class Redlock extends EventEmitter {
   /** A command that does not wait, on the endpoint's command connection; re-sent once after a cluster redirect. */
   private async short(t: Target, ep: Endpoint, key: string, args: Arg[], deadline: number): Promise<Reply> {
     try {
-      return await (await ep.command()).send(args, deadline);
+      // The command connection may have to be opened first: that counts against the same
+      // deadline (a paused server accepts TCP connections and then never answers).
+      return await (await withDeadline(ep.command(), deadline, ep.name)).send(args, deadline);
     } catch (e) {
       if (e instanceof ServerReplyError && ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"].includes(e.code)) {
         await t.rerouted(key, e);
         const again = await t.endpointFor(key);
-        return (await again.command()).send(args, deadline);
+        return (await withDeadline(again.command(), deadline, again.name)).send(args, deadline);
       }
       throw e;
     }
@@ -334,7 +348,7 @@ export default class Redlock extends EventEmitter {
       this.targets.length === 1
         ? await this.acquireOne(keys, spec, owner, wait, s, attempts)
         : await this.acquireQuorum(keys, spec, owner, wait, s, attempts);
-    const lock = makeLock(this, hold, attempts, Date.now() + Math.max(0, hold.lease.validUntil - now()));
+    const lock = makeLock(this, hold, attempts, Date.now() + Math.max(0, hold.lease.validUntil - now()), resources);
     if (hold.bound.size > 0) this.live.add(hold);
     if (opts.watch || s.onLost) {
       this.live.add(hold);
@@ -642,7 +656,7 @@ export default class Redlock extends EventEmitter {
         existing.expiration = 0;
         hold.spec = { ...hold.spec, ttl: duration };
         if (hold.watching) hold.armExpiry();
-        return makeLock(this, hold, attempts, Date.now() + Math.max(0, v.validUntil - now()));
+        return makeLock(this, hold, attempts, Date.now() + Math.max(0, v.validUntil - now()), existing.resources);
       }
       case "lost": {
         const e = hold.markLost(v.loss);
@@ -668,13 +682,13 @@ export default class Redlock extends EventEmitter {
    * its error (a failed release after a loss does not hide it), or with `LockLostError` when the
    * routine succeeded but the lock turned out lost by its release.
    */
-  using<T>(resources: string[], duration: number, settings: Partial<Settings>, routine?: (signal: RedlockAbortSignal) => Promise<T>): Promise<T>;
-  using<T>(resources: string[], duration: number, routine: (signal: RedlockAbortSignal) => Promise<T>): Promise<T>;
+  using<T>(resources: string[], duration: number, settings: Partial<Settings>, routine?: (signal: RedlockAbortSignal, context: RedlockUsingContext) => Promise<T>): Promise<T>;
+  using<T>(resources: string[], duration: number, routine: (signal: RedlockAbortSignal, context: RedlockUsingContext) => Promise<T>): Promise<T>;
   async using<T>(
     resources: string[],
     duration: number,
-    settingsOrRoutine: Partial<Settings> | ((signal: RedlockAbortSignal) => Promise<T>) | undefined,
-    optionalRoutine?: (signal: RedlockAbortSignal) => Promise<T>,
+    settingsOrRoutine: Partial<Settings> | ((signal: RedlockAbortSignal, context: RedlockUsingContext) => Promise<T>) | undefined,
+    optionalRoutine?: (signal: RedlockAbortSignal, context: RedlockUsingContext) => Promise<T>,
   ): Promise<T> {
     if (Math.floor(duration) !== duration) throw new Error("Duration must be an integer value in milliseconds.");
     const over = settingsOrRoutine && typeof settingsOrRoutine !== "function" ? settingsOrRoutine : undefined;
@@ -710,6 +724,8 @@ export default class Redlock extends EventEmitter {
         if (finished || signal.aborted) return;
         try {
           lock = await lock.extend(duration);
+          context.lock = lock;
+          context.extensions += 1;
           queue();
           return;
         } catch (e) {
@@ -724,10 +740,11 @@ export default class Redlock extends EventEmitter {
         }
       }
     };
+    const context: RedlockUsingContext = { lock, extensions: 0 };
     queue();
     let result: T;
     try {
-      result = await routine(signal);
+      result = await routine(signal, context);
     } catch (routineError) {
       finished = true;
       await cleanup();

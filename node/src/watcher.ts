@@ -9,7 +9,6 @@
  * @internal
  */
 import {
-  LOSS_DESCRIPTIONS,
   Registration,
   WatchCore,
   emptyPlan,
@@ -112,7 +111,7 @@ class EndpointWatcher {
     if (reg.cancelled || reg.reported) return;
     reg.reported = true;
     try {
-      reg.onLost(cause, LOSS_DESCRIPTIONS[cause]);
+      reg.onLost(cause, "");
     } catch {
       // a callback's failure must not end the watcher
     }

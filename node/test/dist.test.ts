@@ -38,7 +38,8 @@ describe("the built dist", () => {
   before(() => {
     assert.ok(existsSync(join(DIST, "esm", "index.js")), `no ${DIST}/esm: build the package first (make node-build)`);
     assert.ok(existsSync(join(DIST, "cjs", "index.js")), "no dist/cjs");
-    assert.ok(existsSync(join(DIST, "types", "index.d.ts")), "no dist/types");
+    assert.ok(existsSync(join(DIST, "esm", "index.d.ts")), "no dist/esm/index.d.ts");
+    assert.ok(existsSync(join(DIST, "cjs", "index.d.ts")), "no dist/cjs/index.d.ts");
   });
 
   test("loads as an ES module by its name", { timeout: TEST_TIMEOUT_MS }, async () => {
@@ -124,7 +125,8 @@ void f;
         else if (e.name.endsWith(".d.ts")) files.push(join(dir, e.name));
       }
     };
-    walk(join(DIST, "types"));
+    walk(join(DIST, "esm"));
+    walk(join(DIST, "cjs"));
     assert.ok(files.length > 0);
     for (const f of files) {
       // Declarations only: TSDoc and line comments may say "any" in prose.

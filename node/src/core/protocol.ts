@@ -13,10 +13,11 @@ import {
   NotOwnerError,
   RefusedError,
   ResourceLockedError,
+  TokenPrecisionError,
   WrongKindError,
   type ExecutionStats,
 } from "../errors.js";
-import { ServerReplyError, type Reply } from "./reply.js";
+import { ServerReplyError, UnsafeIntegerReplyError, type Reply } from "./reply.js";
 import { describe, exactInteger, tokenFrom } from "./token.js";
 
 /** The largest ttl, wait and lock-delay the module accepts: 2^47 ms. */
@@ -120,7 +121,7 @@ export function infoArgs(key: string): string[] {
 }
 
 /** Why a server refused a request. */
-export type Refusal = "module-missing" | "deadlock" | "wrongkind" | "capacity" | "maxwaiters" | "notowner" | "wrongtype" | "other";
+export type Refusal = "module-missing" | "deadlock" | "wrongkind" | "capacity" | "maxwaiters" | "notowner" | "wrongtype" | "precision" | "other";
 
 /** What one server answered to one request. */
 export type Outcome =
@@ -161,6 +162,9 @@ export function refusalOf(text: string): Refusal {
 
 /** The outcome of an error: a server's error reply, or a failure to reach it. */
 export function errorOutcome(e: unknown): Outcome {
+  // A reply the client library could read only as a rounded number (node-redis v4 above
+  // 2^53 - 1): the server answered, but what it said cannot be used. Never rounded.
+  if (e instanceof UnsafeIntegerReplyError) return { kind: "refused", refusal: "precision", text: e.message };
   if (e instanceof ServerReplyError) {
     if (REDIRECTS.has(e.code)) return { kind: "redirect", text: e.message };
     return { kind: "refused", refusal: refusalOf(e.message), text: e.message };
@@ -245,13 +249,15 @@ export function refusalError(refusal: Refusal, text: string, attempts: ReadonlyA
       return new MaxWaitersError(text, attempts);
     case "notowner":
       return new NotOwnerError(text, attempts);
+    case "precision":
+      return new TokenPrecisionError(text, attempts);
     case "wrongtype":
     case "other":
       return new RefusedError(text, attempts);
   }
 }
 
-const PRECEDENCE: Refusal[] = ["module-missing", "deadlock", "wrongkind", "capacity", "maxwaiters", "notowner", "wrongtype", "other"];
+const PRECEDENCE: Refusal[] = ["module-missing", "precision", "deadlock", "wrongkind", "capacity", "maxwaiters", "notowner", "wrongtype", "other"];
 
 /** Why a round failed, from every server's outcome and the quorum. */
 export type Failure =

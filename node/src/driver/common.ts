@@ -18,8 +18,58 @@ import {
 export interface ConnFactory {
   readonly name: string;
   /** A new connection of the package's own (no reconnect, no offline queue, no resend). */
-  open(kind: "command" | "wait"): Promise<Conn>;
+  open(kind: "command" | "wait", signal?: AbortSignal): Promise<Conn>;
   openSubscriber(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn>;
+}
+
+/** The longest a new connection may take to connect and be ready (TCP, TLS, AUTH, the
+ *  client's ready check, and for a subscriber its CLIENT ID and SUBSCRIBE). A paused server
+ *  (SIGSTOP) accepts the TCP connection in its kernel and then never answers: without this
+ *  bound an acquire would hang on it for ever. */
+export const CONNECT_DEADLINE_MS = 2000;
+
+/**
+ * Runs `step` (the connecting of a new client of ours) within {@link CONNECT_DEADLINE_MS} and
+ * until `signal` aborts; when either comes first, `abandon()` closes the half-made client and
+ * the promise rejects (ReplyTimeoutError, or the signal's reason). A late success after that
+ * is closed too, so no connection leaks.
+ */
+export function connectWithin<T>(server: string, step: () => Promise<T>, abandon: () => void, signal?: AbortSignal): Promise<T> {
+  if (signal?.aborted) {
+    abandon();
+    return Promise.reject(abortReason(signal));
+  }
+  return new Promise<T>((resolve, reject) => {
+    let settled = false;
+    const finish = (): boolean => {
+      if (settled) return false;
+      settled = true;
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      return true;
+    };
+    const giveUp = (why: unknown): void => {
+      if (!finish()) return;
+      abandon();
+      reject(why);
+    };
+    const onAbort = (): void => giveUp(signal ? abortReason(signal) : new Error("aborted"));
+    const timer = setTimeout(
+      () => giveUp(new ReplyTimeoutError(`could not connect to ${server} within ${CONNECT_DEADLINE_MS} ms (is it paused or overloaded?)`)),
+      CONNECT_DEADLINE_MS,
+    );
+    timer.unref?.();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    step().then(
+      (v) => {
+        if (finish()) resolve(v);
+        else abandon();
+      },
+      (e: unknown) => {
+        if (finish()) reject(e);
+      },
+    );
+  });
 }
 
 /** Whether `err` (or a class it inherits from) has one of `names` as its constructor name. */
@@ -125,7 +175,7 @@ export class CloseNotifier {
   }
 }
 
-function abortReason(signal: AbortSignal): unknown {
+export function abortReason(signal: AbortSignal): unknown {
   if (signal.reason !== undefined) return signal.reason;
   const e = new Error("This operation was aborted");
   e.name = "AbortError";
@@ -209,7 +259,7 @@ export class PooledEndpoint implements Endpoint {
   acquireWaitConn(signal?: AbortSignal): Promise<Conn> {
     if (this.closing) return Promise.reject(new ConnectionLostError(`the connections to ${this.name} are closed`));
     if (signal?.aborted) return Promise.reject(abortReason(signal));
-    if (this.queue.length === 0 && this.busy.size + this.reserved < this.maxWait) return this.hand();
+    if (this.queue.length === 0 && this.busy.size + this.reserved < this.maxWait) return this.hand(signal);
     return new Promise<Conn>((resolve, reject) => {
       const entry: Queued = { resolve, reject, signal, onAbort: undefined };
       if (signal) {
@@ -225,7 +275,7 @@ export class PooledEndpoint implements Endpoint {
   }
 
   /** Takes a place and gives a connection (idle or new). */
-  private async hand(): Promise<Conn> {
+  private async hand(signal?: AbortSignal): Promise<Conn> {
     this.reserved++;
     let conn: Conn | undefined;
     try {
@@ -236,7 +286,7 @@ export class PooledEndpoint implements Endpoint {
           break;
         }
       }
-      if (!conn) conn = await this.factory.open("wait");
+      if (!conn) conn = await this.factory.open("wait", signal);
     } catch (e) {
       this.reserved--;
       this.pump();
@@ -261,7 +311,7 @@ export class PooledEndpoint implements Endpoint {
       const entry = this.queue.shift();
       if (!entry) break;
       if (entry.signal && entry.onAbort) entry.signal.removeEventListener("abort", entry.onAbort);
-      this.hand().then(entry.resolve, entry.reject);
+      this.hand(entry.signal).then(entry.resolve, entry.reject);
     }
   }
 

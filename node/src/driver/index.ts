@@ -2,3 +2,4 @@
 // error classes (types.ts) and the entry points that pick an adapter for a user's client.
 export * from "./types.js";
 export { targetFor, sendRouted, sendWaitRouted, type WaitResult } from "./target.js";
+export { withDeadline } from "./common.js";

@@ -5,7 +5,7 @@
  * Buffers (`callBuffer` + `stringNumbers`), no reconnect, no offline queue, no resend.
  * @internal
  */
-import { CloseNotifier, PooledEndpoint, hasClassName, mapError, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
+import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, connectWithin, hasClassName, mapError, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
 import { slotOf } from "./slot.js";
 import {
   ConnectionLostError,
@@ -157,31 +157,31 @@ export class IoredisFactory implements ConnFactory {
   constructor(private readonly base: IoredisLike) {
     this.name = ioredisServerName(base.options);
   }
-  private async dup(): Promise<IoredisLike> {
+  private async dup(signal?: AbortSignal): Promise<IoredisLike> {
     const r = this.base.duplicate({ ...IOREDIS_OVERRIDES });
     r.on("error", () => undefined);
     try {
-      await r.connect();
+      await connectWithin(this.name, () => r.connect(), () => r.disconnect(false), signal);
     } catch (e) {
       r.disconnect(false);
       throw mapError(e, this.name, isIoredisReply);
     }
     return r;
   }
-  async open(): Promise<Conn> {
-    return new IoredisConn(this.name, await this.dup());
+  async open(_kind: "command" | "wait", signal?: AbortSignal): Promise<Conn> {
+    return new IoredisConn(this.name, await this.dup(signal));
   }
   async openSubscriber(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn> {
     const r = await this.dup();
     try {
-      const raw = normaliseTagged(await r.callBuffer("CLIENT", "ID"), isIoredisReply);
+      const raw = normaliseTagged(await withDeadline(r.callBuffer("CLIENT", "ID"), CONNECT_DEADLINE_MS, this.name), isIoredisReply);
       if (typeof raw !== "bigint") throw new ServerReplyError(`ERR unexpected CLIENT ID reply`);
       const sub = new IoredisSubscriber(raw, r);
       r.on("messageBuffer", (channel: unknown, message: unknown) => {
         if (String(channel) !== "__redis__:invalidate") return;
         onInvalidate(invalidationKeys(message));
       });
-      await r.subscribe("__redis__:invalidate");
+      await withDeadline(r.subscribe("__redis__:invalidate"), CONNECT_DEADLINE_MS, this.name);
       return sub;
     } catch (e) {
       r.disconnect(false);

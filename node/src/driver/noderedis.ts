@@ -9,7 +9,7 @@
  * (UnsafeIntegerReplyError), never rounded (the module's tokens are at most 2^53 - 1).
  * @internal
  */
-import { CloseNotifier, PooledEndpoint, hasClassName, mapError, normaliseNumbers, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
+import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, connectWithin, hasClassName, mapError, normaliseNumbers, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
 import {
   ConnectionLostError,
   ServerReplyError,
@@ -165,7 +165,7 @@ export class NodeRedisFactory implements ConnFactory {
     this.name = nodeRedisServerName(base);
     this.v5 = typeof base.withTypeMapping === "function";
   }
-  private async dup(): Promise<NodeRedisLike> {
+  private async dup(signal?: AbortSignal): Promise<NodeRedisLike> {
     // No reconnect; no socket timeout (a wait may block for long: our own deadlines apply).
     const socket: Record<string, unknown> = { ...(this.base.options?.socket ?? {}), reconnectStrategy: false };
     delete socket["socketTimeout"];
@@ -184,24 +184,24 @@ export class NodeRedisFactory implements ConnFactory {
     const c = this.base.duplicate(overrides);
     c.on("error", () => undefined);
     try {
-      await c.connect();
+      await connectWithin(this.name, () => c.connect(), () => destroyClient(c), signal);
     } catch (e) {
       destroyClient(c);
       throw mapError(e, this.name, isNodeRedisReply);
     }
     return c;
   }
-  async open(): Promise<Conn> {
-    return new NodeRedisConn(this.name, await this.dup(), this.v5);
+  async open(_kind: "command" | "wait", signal?: AbortSignal): Promise<Conn> {
+    return new NodeRedisConn(this.name, await this.dup(signal), this.v5);
   }
   async openSubscriber(onInvalidate: (keys: string[] | null) => void): Promise<SubscriberConn> {
     const c = await this.dup();
     try {
-      const raw = await c.sendCommand(["CLIENT", "ID"]);
+      const raw = await withDeadline(c.sendCommand(["CLIENT", "ID"]), CONNECT_DEADLINE_MS, this.name);
       const id = typeof raw === "number" || typeof raw === "string" ? BigInt(raw) : null;
       if (id === null) throw new ServerReplyError("ERR unexpected CLIENT ID reply");
       const sub = new NodeRedisSubscriber(id, c);
-      await c.subscribe(
+      await withDeadline(c.subscribe(
         "__redis__:invalidate",
         (message: unknown) => {
           if (message === null || message === undefined) onInvalidate(null);
@@ -209,7 +209,7 @@ export class NodeRedisFactory implements ConnFactory {
           else if (Buffer.isBuffer(message)) onInvalidate([message.toString("utf8")]);
         },
         true,
-      );
+      ), CONNECT_DEADLINE_MS, this.name);
       return sub;
     } catch (e) {
       destroyClient(c);
