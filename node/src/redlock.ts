@@ -35,7 +35,7 @@ import {
   type Vote,
 } from "./core/protocol.js";
 import { parseInfo, type LockInfo } from "./core/info.js";
-import type { ServerAnswers } from "./core/lease.js";
+import type { ServerAnswers, Verdict } from "./core/lease.js";
 import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
 import { OneServerAttempt, type OneStep } from "./core/single.js";
@@ -615,16 +615,32 @@ export default class Redlock extends EventEmitter {
       case "ok":
         hold.releaseResult = { attempts };
         return hold.releaseResult;
+      default:
+        throw await this.verdictError(hold, v, answers, attempts, false);
+    }
+  }
+
+  /** The error a release or an extend rejects with when the servers' answers (`v`) are not a
+   *  success: the loss (recorded on the hold when an extend found it), a closer look at a
+   *  server that refused, or too few answers. */
+  private async verdictError(
+    hold: Hold,
+    v: Exclude<Verdict, { kind: "ok" }>,
+    answers: readonly ServerAnswers[],
+    attempts: ReadonlyArray<Promise<ExecutionStats>>,
+    record: boolean,
+  ): Promise<Error> {
+    switch (v.kind) {
       case "lost": {
-        const e = hold.lost ?? new LockLostError(v.loss.resource, v.loss.cause, v.loss.detail);
-        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
+        const e = record ? hold.markLost(v.loss) : (hold.lost ?? new LockLostError(v.loss.resource, v.loss.cause, v.loss.detail));
+        return new LockLostError(e.resource, e.cause, e.detail, attempts);
       }
       case "diagnose": {
         const e = await this.diagnose(hold, v.server, v.resource, "");
-        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
+        return new LockLostError(e.resource, e.cause, e.detail, attempts);
       }
       case "unreachable":
-        throw failureError({ kind: "unreachable", servers: unreachableOf(answers) }, attempts, this.servers, answers.map(firstBad));
+        return failureError({ kind: "unreachable", servers: unreachableOf(answers) }, attempts, this.servers, answers.map(firstBad));
     }
   }
 
@@ -658,16 +674,8 @@ export default class Redlock extends EventEmitter {
         if (hold.watching) hold.armExpiry();
         return makeLock(this, hold, attempts, Date.now() + Math.max(0, v.validUntil - now()), existing.resources);
       }
-      case "lost": {
-        const e = hold.markLost(v.loss);
-        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
-      }
-      case "diagnose": {
-        const e = await this.diagnose(hold, v.server, v.resource, "");
-        throw new LockLostError(e.resource, e.cause, e.detail, attempts);
-      }
-      case "unreachable":
-        throw failureError({ kind: "unreachable", servers: unreachableOf(answers) }, attempts, this.servers, answers.map(firstBad));
+      default:
+        throw await this.verdictError(hold, v, answers, attempts, true);
     }
   }
 

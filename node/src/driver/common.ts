@@ -12,6 +12,8 @@ import {
   type Endpoint,
   type Reply,
   type SubscriberConn,
+  type Target,
+  type TargetOptions,
 } from "./types.js";
 
 /** What an adapter provides for one server. */
@@ -356,5 +358,38 @@ export class PooledEndpoint implements Endpoint {
     this.cmd = null;
     for (const c of all) c.destroy();
     if (opening) await opening.then((c) => c.destroy(), () => undefined);
+  }
+}
+
+/** One standalone server, whatever the client library: a single endpoint; the adapter only
+ *  says how its connections are made and how the user's client is quit. */
+export class StandaloneTarget implements Target {
+  readonly name: string;
+  readonly isCluster = false;
+  private readonly endpoint: PooledEndpoint;
+  constructor(
+    readonly client: unknown,
+    factory: ConnFactory,
+    opts: Required<TargetOptions>,
+    private readonly quitClient: () => Promise<void>,
+  ) {
+    this.name = factory.name;
+    this.endpoint = new PooledEndpoint(factory, opts.maxWaitConnections, opts.maxIdleConnections);
+  }
+  async endpointFor(): Promise<Endpoint> {
+    return this.endpoint;
+  }
+  async rerouted(): Promise<void> {
+    // one server: nothing to refresh
+  }
+  async quitUserClient(): Promise<void> {
+    try {
+      await this.quitClient();
+    } catch {
+      // already closed
+    }
+  }
+  close(): Promise<void> {
+    return this.endpoint.close();
   }
 }

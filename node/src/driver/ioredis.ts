@@ -5,7 +5,7 @@
  * Buffers (`callBuffer` + `stringNumbers`), no reconnect, no offline queue, no resend.
  * @internal
  */
-import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, connectWithin, hasClassName, mapError, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
+import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, StandaloneTarget, connectWithin, hasClassName, mapError, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
 import { slotOf } from "./slot.js";
 import {
   ConnectionLostError,
@@ -191,35 +191,11 @@ export class IoredisFactory implements ConnFactory {
 }
 
 /** A standalone ioredis server. */
-export class IoredisTarget implements Target {
-  readonly name: string;
-  readonly isCluster = false;
-  private readonly endpoint: PooledEndpoint;
-  constructor(
-    readonly client: IoredisLike,
-    opts: Required<TargetOptions>,
-  ) {
-    const f = new IoredisFactory(client);
-    this.name = f.name;
-    this.endpoint = new PooledEndpoint(f, opts.maxWaitConnections, opts.maxIdleConnections);
-  }
-  async endpointFor(): Promise<Endpoint> {
-    return this.endpoint;
-  }
-  async rerouted(): Promise<void> {
-    // one server: nothing to refresh
-  }
-  async quitUserClient(): Promise<void> {
-    if (this.client.status === "end" || this.client.status === "wait") return;
-    try {
-      await this.client.quit();
-    } catch {
-      // already closed
-    }
-  }
-  close(): Promise<void> {
-    return this.endpoint.close();
-  }
+export function ioredisTarget(client: IoredisLike, opts: Required<TargetOptions>): Target {
+  return new StandaloneTarget(client, new IoredisFactory(client), opts, async () => {
+    if (client.status === "end" || client.status === "wait") return;
+    await client.quit();
+  });
 }
 
 function sleep(ms: number): Promise<void> {

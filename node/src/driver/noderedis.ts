@@ -9,7 +9,7 @@
  * (UnsafeIntegerReplyError), never rounded (the module's tokens are at most 2^53 - 1).
  * @internal
  */
-import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, connectWithin, hasClassName, mapError, normaliseNumbers, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
+import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, StandaloneTarget, connectWithin, hasClassName, mapError, normaliseNumbers, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
 import {
   ConnectionLostError,
   ServerReplyError,
@@ -219,36 +219,11 @@ export class NodeRedisFactory implements ConnFactory {
 }
 
 /** A standalone server reached through a node-redis client. */
-export class NodeRedisTarget implements Target {
-  readonly name: string;
-  readonly isCluster = false;
-  private readonly endpoint: PooledEndpoint;
-  private readonly v5: boolean;
-  constructor(
-    readonly client: NodeRedisLike,
-    opts: Required<TargetOptions>,
-  ) {
-    const f = new NodeRedisFactory(client);
-    this.name = f.name;
-    this.v5 = f.v5;
-    this.endpoint = new PooledEndpoint(f, opts.maxWaitConnections, opts.maxIdleConnections);
-  }
-  async endpointFor(): Promise<Endpoint> {
-    return this.endpoint;
-  }
-  async rerouted(): Promise<void> {
-    // one server: nothing to refresh
-  }
-  async quitUserClient(): Promise<void> {
-    if (!this.client.isOpen) return;
-    try {
-      if (this.v5 && typeof this.client.close === "function") await this.client.close();
-      else if (typeof this.client.quit === "function") await this.client.quit();
-    } catch {
-      // already closed
-    }
-  }
-  close(): Promise<void> {
-    return this.endpoint.close();
-  }
+export function nodeRedisTarget(client: NodeRedisLike, opts: Required<TargetOptions>): Target {
+  const factory = new NodeRedisFactory(client);
+  return new StandaloneTarget(client, factory, opts, async () => {
+    if (!client.isOpen) return;
+    if (factory.v5 && typeof client.close === "function") await client.close();
+    else if (typeof client.quit === "function") await client.quit();
+  });
 }

@@ -3,8 +3,8 @@
  * where a key lives (following cluster redirects).
  * @internal
  */
-import { IoredisClusterTarget, IoredisTarget, type IoredisClusterLike, type IoredisLike } from "./ioredis.js";
-import { NodeRedisTarget, type NodeRedisLike } from "./noderedis.js";
+import { IoredisClusterTarget, ioredisTarget, type IoredisClusterLike, type IoredisLike } from "./ioredis.js";
+import { nodeRedisTarget, type NodeRedisLike } from "./noderedis.js";
 import { ServerReplyError, UnsupportedClientError, isRedirect, type Arg, type Conn, type Endpoint, type Reply, type Target, type TargetOptions } from "./types.js";
 
 function isObject(x: unknown): x is Record<string, unknown> {
@@ -28,10 +28,10 @@ export function targetFor(client: unknown, options?: TargetOptions): Target {
     return new IoredisClusterTarget(client as unknown as IoredisClusterLike, opts);
   }
   if (typeof client["duplicate"] === "function" && typeof client["callBuffer"] === "function" && isObject(client["options"])) {
-    return new IoredisTarget(client as unknown as IoredisLike, opts);
+    return ioredisTarget(client as unknown as IoredisLike, opts);
   }
   if (typeof client["duplicate"] === "function" && typeof client["sendCommand"] === "function" && "isOpen" in client) {
-    return new NodeRedisTarget(client as unknown as NodeRedisLike, opts);
+    return nodeRedisTarget(client as unknown as NodeRedisLike, opts);
   }
   if (typeof client["sendCommand"] === "function" && typeof client["getSlotMaster"] === "function") {
     throw new UnsupportedClientError("node-redis cluster clients (createCluster) are not supported: use ioredis Cluster or one client per master");
