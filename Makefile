@@ -306,6 +306,7 @@ test-node: node-build
 
 # The package and its tests type-check (strict), without emitting.
 lint-node: node-deps
+	cd node && node scripts/check-layers.mjs
 	cd node && $(NODE_TSC) -p tsconfig.json --noEmit
 	cd node && $(NODE_TSC) -p tsconfig.test.json --noEmit
 
