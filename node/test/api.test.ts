@@ -14,7 +14,7 @@ import Redlock, {
   WrongKindError,
   type ExecutionStats,
 } from "../src/index.js";
-import { useKit, waitFor, type Server } from "./kit/index.js";
+import { uniqueKeys, useKit, waitFor, type Server } from "./kit/index.js";
 
 const kit = useKit();
 
@@ -23,8 +23,7 @@ function client(server: Server): Redis {
   return kit.ioredis(server, { maxRetriesPerRequest: 1 });
 }
 
-let uniq = 0;
-const key = (name: string): string => `api:${name}:${process.pid}:${++uniq}`;
+const key = uniqueKeys("api");
 
 describe("one server (ioredis)", () => {
   let server: Server;

@@ -16,7 +16,7 @@ import {
 } from "../src/driver/index.js";
 import { slotOf } from "../src/driver/slot.js";
 import { watchHold, type LossCause } from "../src/watcher.js";
-import { CLIENT_KINDS, SERVER_BINARY, closeClient, commandCalls, sleep, until, useKit, type Cluster, type Server, type TlsServer } from "./kit/index.js";
+import { CLIENT_KINDS, SERVER_BINARY, closeClient, commandCalls, sleep, uniqueKeys, until, useKit, type Cluster, type Server, type TlsServer } from "./kit/index.js";
 
 const kit = useKit();
 
@@ -34,8 +34,7 @@ before(async () => {
   admin = kit.ioredis(srv);
 });
 
-let keyN = 0;
-const newKey = (p: string) => `drv:${p}:${++keyN}`;
+const newKey = uniqueKeys("drv");
 
 for (const kind of CLIENT_KINDS) {
   describe(`driver over ${kind}`, () => {

@@ -16,13 +16,12 @@ import Redlock, {
   UnsupportedClientError,
   type RedisClientLike,
 } from "../src/index.js";
-import { CLIENT_KINDS, sleep, until, useKit, type ClientKind, type Kit, type Server } from "./kit/index.js";
+import { CLIENT_KINDS, sleep, uniqueKeys, until, useKit, type ClientKind, type Kit, type Server } from "./kit/index.js";
 
 /** A hanging test fails instead of keeping `node --test` running. */
 const TEST_TIMEOUT_MS = 60_000;
 
-let uniq = 0;
-const key = (name: string): string => `review:${name}:${process.pid}:${++uniq}`;
+const key = uniqueKeys("review");
 
 /** `p`, or a rejection naming `what` after `ms` (the timer is cleared; `p`'s late outcome is
  *  swallowed, so a hung operation cannot become an unhandled rejection). */

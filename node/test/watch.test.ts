@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import type { Redis } from "ioredis";
 import { targetFor, type Endpoint, type Target } from "../src/driver/index.js";
 import { watchHold, type LossCause } from "../src/watcher.js";
-import { CLIENT_KINDS, commandCalls, sleep, until, useKit, type Server } from "./kit/index.js";
+import { CLIENT_KINDS, commandCalls, sleep, uniqueKeys, until, useKit, type Server } from "./kit/index.js";
 
 const kit = useKit();
 
@@ -17,8 +17,7 @@ before(async () => {
   admin = kit.ioredis(srv);
 });
 
-let n = 0;
-const newKey = (p: string) => `w:${p}:${++n}`;
+const newKey = uniqueKeys("w");
 
 for (const kind of CLIENT_KINDS) {
   describe(`watcher over ${kind}`, () => {

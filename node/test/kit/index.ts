@@ -52,3 +52,10 @@ export async function lockCalls(server: Server): Promise<number> {
 export async function commandCalls(server: Server, command: string): Promise<number> {
   return (await commandstats(server)).get(command.toLowerCase())?.calls ?? 0;
 }
+
+/** A maker of distinct key names `${prefix}:${name}:${pid}:${n}` (one per call), so tests of
+ *  one file (and files run one after another against shared servers) never share a key. */
+export function uniqueKeys(prefix: string): (name: string) => string {
+  let n = 0;
+  return (name) => `${prefix}:${name}:${process.pid}:${++n}`;
+}
