@@ -1,9 +1,7 @@
 // The public API against real servers (redis-server with the lock module), with ioredis.
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import net from "node:net";
-import Redis from "ioredis";
+import type { Redis } from "ioredis";
 import Redlock, {
   CapacityMismatchError,
   ExecutionError,
@@ -16,114 +14,33 @@ import Redlock, {
   WrongKindError,
   type ExecutionStats,
 } from "../src/index.js";
+import { uniqueKeys, useKit, waitFor, type Server } from "./kit/index.js";
 
-// ---- TEMPORARY server starter (until the shared kit in node/test/kit/ lands; replace then) ----
-const SERVER = process.env.REDIS_LOCK_SERVER ?? "redis-server";
-const MODULE = process.env.REDIS_LOCK_MODULE ?? "/work/main/target/debug/libredis_lock.so";
+const kit = useKit();
 
-interface Server {
-  port: number;
-  proc: ChildProcess;
-  stop(): Promise<void>;
+/** A user client as the tests hand it to the package (ioredis, from the kit: closed at teardown). */
+function client(server: Server): Redis {
+  return kit.ioredis(server, { maxRetriesPerRequest: 1 });
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.unref();
-    s.on("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const a = s.address();
-      const port = typeof a === "object" && a ? a.port : 0;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-function ping(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const sock = net.connect(port, "127.0.0.1");
-    let buf = "";
-    const done = (ok: boolean): void => {
-      sock.destroy();
-      resolve(ok);
-    };
-    sock.setTimeout(500, () => done(false));
-    sock.on("error", () => done(false));
-    sock.on("connect", () => sock.write("PING\r\n"));
-    sock.on("data", (d) => {
-      buf += d.toString();
-      if (buf.includes("\r\n")) done(buf.startsWith("+PONG"));
-    });
-  });
-}
-
-async function startServer(withModule = true): Promise<Server> {
-  for (let tries = 0; ; tries++) {
-    const port = await freePort();
-    const mod = withModule ? ["--loadmodule", MODULE] : [];
-    const proc = spawn(SERVER, ["--port", String(port), "--bind", "127.0.0.1", ...mod, "--save", "", "--appendonly", "no"], {
-      stdio: "ignore",
-    });
-    let exited = false;
-    proc.on("exit", () => (exited = true));
-    const t0 = Date.now();
-    while (!exited && Date.now() - t0 < 10_000) {
-      if (await ping(port)) {
-        return {
-          port,
-          proc,
-          stop: () =>
-            new Promise<void>((resolve) => {
-              if (proc.exitCode !== null || proc.signalCode !== null) return resolve();
-              proc.once("exit", () => resolve());
-              proc.kill("SIGKILL");
-            }),
-        };
-      }
-      await new Promise((r) => setTimeout(r, 20));
-    }
-    proc.kill("SIGKILL");
-    if (tries >= 3) throw new Error(`could not start ${SERVER} with ${MODULE}`);
-  }
-}
-// ---- end of the temporary starter ----
-
-function client(port: number): Redis {
-  const c = new Redis({ port, host: "127.0.0.1", lazyConnect: false, maxRetriesPerRequest: 1 });
-  c.on("error", () => undefined);
-  return c;
-}
-
-async function waitFor(cond: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
-  const t0 = Date.now();
-  while (!(await cond())) {
-    if (Date.now() - t0 > ms) throw new Error("condition not met in time");
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
-
-let uniq = 0;
-const key = (name: string): string => `api:${name}:${process.pid}:${++uniq}`;
+const key = uniqueKeys("api");
 
 describe("one server (ioredis)", () => {
   let server: Server;
   let admin: Redis;
   const opened: Redlock[] = [];
   const make = (settings?: ConstructorParameters<typeof Redlock>[1]): Redlock => {
-    const r = new Redlock([client(server.port)], settings);
+    const r = new Redlock([client(server)], settings);
     opened.push(r);
     return r;
   };
 
   before(async () => {
-    server = await startServer();
-    admin = client(server.port);
+    server = await kit.server();
+    admin = client(server);
   });
   after(async () => {
     for (const r of opened) await r.quit().catch(() => undefined);
-    admin.disconnect();
-    await server.stop();
   });
 
   it("acquire, tokens, release (redlock's surface)", async () => {
@@ -403,7 +320,7 @@ describe("one server (ioredis)", () => {
   });
 
   it("quit() closes our connections and quits the user's clients", async () => {
-    const c = client(server.port);
+    const c = client(server);
     const redlock = new Redlock([c]);
     const lock = await redlock.acquire([key("quit")], 5000, { onLost: () => undefined });
     assert.ok(lock.fencingToken > 0n);
@@ -432,7 +349,7 @@ describe("one server (ioredis)", () => {
     const pending = redlock.acquire([k], 5000, { wait: 300 });
     await waitFor(async () => (await redlock.info(k))?.waiting === 1);
     const t0 = Date.now();
-    server.proc.kill("SIGSTOP");
+    server.pause();
     try {
       const err = await pending.then(
         () => assert.fail("granted while paused"),
@@ -443,7 +360,7 @@ describe("one server (ioredis)", () => {
       assert.ok(err instanceof ExecutionError);
       assert.match(err.message, /did not answer/);
     } finally {
-      server.proc.kill("SIGCONT");
+      server.resume();
     }
     await waitFor(async () => (await redlock.info(k))?.waiting === 0);
     const info = await redlock.info(k);
@@ -460,14 +377,13 @@ describe("one server (ioredis)", () => {
   });
 
   it("a server without the module: ModuleMissingError", async () => {
-    const bare = await startServer(false);
-    const c = client(bare.port);
-    const redlock = new Redlock([c]);
+    const bare = await kit.server({ module: null });
+    const redlock = new Redlock([client(bare)]);
     try {
       await assert.rejects(redlock.acquire([key("nomodule")], 1000), ModuleMissingError);
     } finally {
       await redlock.quit();
-      await bare.stop();
+      await bare.close();
     }
   });
 
@@ -493,15 +409,14 @@ describe("Redlock over three servers (ioredis)", () => {
   const servers: Server[] = [];
   const opened: Redlock[] = [];
   before(async () => {
-    for (let i = 0; i < 3; i++) servers.push(await startServer());
+    servers.push(...(await kit.servers(3)));
   });
   after(async () => {
     for (const r of opened) await r.quit().catch(() => undefined);
-    for (const s of servers) await s.stop();
   });
   const make = (settings?: ConstructorParameters<typeof Redlock>[1]): Redlock => {
     const r = new Redlock(
-      servers.map((s) => client(s.port)),
+      servers.map((s) => client(s)),
       settings,
     );
     opened.push(r);
@@ -593,7 +508,7 @@ describe("Redlock over three servers (ioredis)", () => {
     const k = key("qlost");
     const box: { seen?: LockLostError } = {};
     const lock = await redlock.acquire([k], 10000, { onLost: (e) => (box.seen = e) });
-    const admins = servers.map((sv) => client(sv.port));
+    const admins = servers.map((sv) => client(sv));
     try {
       await admins[0]!.del(k);
       await new Promise((r) => setTimeout(r, 200));
@@ -623,7 +538,7 @@ describe("Redlock over three servers (ioredis)", () => {
     assert.ok((second.tokens.get(k)?.size ?? 0) >= 2);
     await second.release();
     const third = await redlock.acquire([k], 30000, { bind: true, onLost: (e) => (box.seen = e) });
-    const admins = servers.map((sv) => client(sv.port));
+    const admins = servers.map((sv) => client(sv));
     try {
       // Kill the bound connections on two servers: the lock is lost (connection-closed).
       for (const a of admins.slice(0, 2)) {
@@ -648,13 +563,13 @@ describe("Redlock over three servers (ioredis)", () => {
   it("with one server stopped the quorum still grants; with two it fails naming them", async () => {
     const redlock = make();
     const k = key("down");
-    await servers[2]!.stop();
+    await servers[2]!.kill();
     const lock = await redlock.acquire([k], 5000, { retryCount: 0 });
     const stats = await (lock.attempts[0] as Promise<ExecutionStats>);
     assert.equal(stats.votesFor.size, 2);
     assert.equal(stats.votesAgainst.size, 1);
     await lock.release();
-    await servers[1]!.stop();
+    await servers[1]!.kill();
     const err = await redlock.acquire([key("down2")], 5000, { retryCount: 0 }).then(
       () => assert.fail("acquired without a quorum"),
       (e: unknown) => e,

@@ -1,13 +1,6 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import Redis, { Cluster } from "ioredis";
-import { createClient as createClient5 } from "redis";
-import { createClient as createClient4 } from "redis4";
+import type { Cluster as IORedisCluster, Redis } from "ioredis";
 import {
   ConnectionLostError,
   ReplyTimeoutError,
@@ -23,58 +16,10 @@ import {
 } from "../src/driver/index.js";
 import { slotOf } from "../src/driver/slot.js";
 import { watchHold, type LossCause } from "../src/watcher.js";
+import { CLIENT_KINDS, SERVER_BINARY, closeClient, commandCalls, sleep, uniqueKeys, until, useKit, type Cluster, type Server, type TlsServer } from "./kit/index.js";
 
-// temporary: replaced by test/kit at integration ------------------------------------------
-const MODULE = process.env["REDIS_LOCK_MODULE"] ?? "/work/main/target/debug/libredis_lock.so";
-const SERVER = process.env["REDIS_LOCK_SERVER"] ?? "redis-server";
-interface Srv { port: number; proc: ChildProcess; dir: string; stop(): Promise<void> }
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const a = s.address();
-      const port = typeof a === "object" && a ? a.port : 0;
-      s.close(() => resolve(port));
-    });
-  });
-}
-async function startServer(extra: (dir: string, port: number) => string[] = () => []): Promise<Srv> {
-  const port = await freePort();
-  const dir = mkdtempSync(join(tmpdir(), "rl-drv-"));
-  const args = ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, "--loadmodule", MODULE, ...extra(dir, port)];
-  const proc = spawn(SERVER, args, { stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start: ${out}`)), 10_000);
-    proc.stdout?.on("data", (d: Buffer) => {
-      out += d.toString();
-      if (out.includes("Ready to accept connections")) { clearTimeout(timer); resolve(); }
-    });
-    proc.once("exit", (code) => { clearTimeout(timer); reject(new Error(`server exited ${code}: ${out}`)); });
-  });
-  proc.stdout?.resume();
-  proc.stderr?.resume();
-  return {
-    port, proc, dir,
-    stop: () => new Promise<void>((resolve) => {
-      if (proc.exitCode !== null) { rmSync(dir, { recursive: true, force: true }); resolve(); return; }
-      proc.once("exit", () => { rmSync(dir, { recursive: true, force: true }); resolve(); });
-      proc.kill("SIGKILL");
-    }),
-  };
-}
-// ---------------------------------------------------------------------------------------
+const kit = useKit();
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await cond()) return;
-    await sleep(10);
-  }
-  assert.fail(`timed out waiting for ${what}`);
-}
 
 function infoField(reply: Reply, field: string): Reply | undefined {
   if (!Array.isArray(reply)) return undefined;
@@ -82,60 +27,23 @@ function infoField(reply: Reply, field: string): Reply | undefined {
   return undefined;
 }
 
-async function cmdstat(admin: Redis, cmd: string): Promise<number> {
-  const info = await admin.info("commandstats");
-  const m = new RegExp(`cmdstat_${cmd.replace(".", "\\.")}:calls=(\\d+)`).exec(info);
-  return m ? Number(m[1]) : 0;
-}
-
-type Kind = "ioredis" | "node-redis-v4" | "node-redis-v5";
-const KINDS: Kind[] = ["ioredis", "node-redis-v4", "node-redis-v5"];
-
-interface UserClient { client: unknown; close(): Promise<void> }
-async function userClient(kind: Kind, port: number, tls?: { ca: string }): Promise<UserClient> {
-  if (kind === "ioredis") {
-    const r = new Redis({ host: "127.0.0.1", port, lazyConnect: true, ...(tls ? { tls: { ca: tls.ca, servername: "localhost" } } : {}) });
-    await r.connect();
-    return { client: r, close: async () => { r.disconnect(); } };
-  }
-  const socket = { host: "127.0.0.1", port, ...(tls ? { tls: true as const, ca: tls.ca, servername: "localhost" } : {}) };
-  if (kind === "node-redis-v4") {
-    const c = createClient4({ socket });
-    c.on("error", () => undefined);
-    await c.connect();
-    return { client: c, close: async () => { await c.disconnect().catch(() => undefined); } };
-  }
-  const c = createClient5({ socket });
-  c.on("error", () => undefined);
-  await c.connect();
-  return { client: c, close: async () => { if (c.isOpen) c.destroy(); } };
-}
-
-let srv: Srv;
+let srv: Server;
 let admin: Redis;
 before(async () => {
-  srv = await startServer();
-  admin = new Redis({ host: "127.0.0.1", port: srv.port });
-});
-after(async () => {
-  admin.disconnect();
-  await srv.stop();
+  srv = await kit.server();
+  admin = kit.ioredis(srv);
 });
 
-let keyN = 0;
-const newKey = (p: string) => `drv:${p}:${++keyN}`;
+const newKey = uniqueKeys("drv");
 
-for (const kind of KINDS) {
+for (const kind of CLIENT_KINDS) {
   describe(`driver over ${kind}`, () => {
-    let uc: UserClient;
     let target: Target;
     before(async () => {
-      uc = await userClient(kind, srv.port);
-      target = targetFor(uc.client, { maxWaitConnections: 2 });
+      target = targetFor(await kit.client(kind, srv), { maxWaitConnections: 2 });
     });
     after(async () => {
       await target.close();
-      await uc.close();
     });
 
     test("LOCK.* commands give exact bigint tokens and normalised replies", async () => {
@@ -172,7 +80,7 @@ for (const kind of KINDS) {
       const conn = await (await target.endpointFor("x")).command();
       const k = newKey("big");
       const p = conn.send(["INCRBY", k, "9007199254740993"]);
-      if (kind === "node-redis-v4") await assert.rejects(p, UnsafeIntegerReplyError);
+      if (kind === "node-redis4") await assert.rejects(p, UnsafeIntegerReplyError);
       else assert.equal(await p, 9007199254740993n);
     });
 
@@ -205,7 +113,7 @@ for (const kind of KINDS) {
       await assert.rejects(conn.send(["LOCK.ACQUIRE", key, "W", "10000", "WAIT", "0"], 100), ReplyTimeoutError);
       assert.ok(Date.now() - t0 < 2000);
       conn.destroy();
-      await until("the waiter leaves", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 0n);
+      await until("the waiter leaves", async () => (await srv.waiting(key)) === 0);
     });
 
     test("wait pool: at most maxWaitConnections busy, FIFO queue, abort leaves the queue, at most 2 idle", async () => {
@@ -216,7 +124,7 @@ for (const kind of KINDS) {
       const c2 = await ep.acquireWaitConn();
       assert.notEqual(c1, c2);
       const w1 = c1.send(["LOCK.ACQUIRE", key, "w1", "30000", "WAIT", "0"]);
-      await until("w1 queues first", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+      await until("w1 queues first", async () => (await srv.waiting(key)) === 1);
       const w2 = c2.send(["LOCK.ACQUIRE", key, "w2", "30000", "WAIT", "0"]);
       const order: string[] = [];
       const ac = new AbortController();
@@ -230,7 +138,7 @@ for (const kind of KINDS) {
       await assert.rejects(q4);
       assert.equal(ep.poolStats().queued, 2);
       // the server sees two waiters, not more
-      assert.equal(infoField(normal(await admin.call("LOCK.INFO", key)), "waiting"), 2n);
+      assert.equal(await srv.waiting(key), 2);
       await admin.call("LOCK.RELEASE", key, "holder");
       assert.equal(typeof (await w1), "bigint");
       ep.releaseWaitConn(c1);
@@ -257,14 +165,14 @@ for (const kind of KINDS) {
       await admin.call("LOCK.ACQUIRE", key, "holder", "30000");
       const conn = await ep.acquireWaitConn();
       const p = conn.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
-      await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+      await until("the waiter queues", async () => (await srv.waiting(key)) === 1);
       let why = "";
       conn.onClose((w) => { why = w; });
       conn.destroy();
       await assert.rejects(p, ConnectionLostError);
       assert.equal(conn.closed, true);
       assert.equal(why, "destroyed");
-      await until("the server drops the waiter", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 0n);
+      await until("the server drops the waiter", async () => (await srv.waiting(key)) === 0);
       ep.releaseWaitConn(conn); // frees nothing twice
       assert.equal(ep.poolStats().busy, 0);
       await assert.rejects(conn.send(["PING"]), ConnectionLostError);
@@ -279,7 +187,7 @@ for (const kind of KINDS) {
       assert.equal(typeof id, "bigint");
       await admin.config("RESETSTAT");
       const p = conn.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
-      await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+      await until("the waiter queues", async () => (await srv.waiting(key)) === 1);
       const closed = new Promise<string>((r) => conn.onClose(r));
       const rejected = assert.rejects(p, ConnectionLostError); // attached before the kill
       await admin.call("CLIENT", "KILL", "ID", String(id));
@@ -289,10 +197,10 @@ for (const kind of KINDS) {
       await sleep(300);
       // Redis counts the killed blocked call (1); Valkey counts a blocked call only once it
       // completes (0). A re-sent wait would be a second call, and queued again (WAIT 0).
-      const calls = await cmdstat(admin, "lock.acquire");
+      const calls = await commandCalls(srv, "lock.acquire");
       assert.ok(calls <= 1, `at most one LOCK.ACQUIRE reached the server, saw ${calls}`);
-      if (!SERVER.includes("valkey")) assert.equal(calls, 1, "exactly one LOCK.ACQUIRE reached the server");
-      assert.equal(infoField(normal(await admin.call("LOCK.INFO", key)), "waiting"), 0n, "nothing queued again");
+      if (!SERVER_BINARY.includes("valkey")) assert.equal(calls, 1, "exactly one LOCK.ACQUIRE reached the server");
+      assert.equal(await srv.waiting(key), 0, "nothing queued again");
       assert.equal(ep.poolStats().busy, 0, "a closed connection frees its place");
       // the command connection is re-opened after it is killed
       const cmd = await ep.command();
@@ -305,39 +213,26 @@ for (const kind of KINDS) {
     });
 
     test("user connections are never touched; quitUserClient closes the user's client", async () => {
-      const other = await userClient(kind, srv.port);
-      const t = targetFor(other.client);
+      const other = await kit.client(kind, srv);
+      const t = targetFor(other);
       const ep = await t.endpointFor("k");
       await (await ep.command()).send(["PING"]);
       const before = (await admin.call("CLIENT", "LIST")) as string;
       await t.close();
       await until("our connection closes", async () => ((await admin.call("CLIENT", "LIST")) as string).split("\n").length < before.split("\n").length);
       await t.quitUserClient();
-      await other.close();
+      await closeClient(other);
     });
   });
 }
 
-/** ioredis' own reply (admin connection) in our Reply shape, for infoField. */
-function normal(x: unknown): Reply {
-  if (x === null || x === undefined) return null;
-  if (typeof x === "number") return BigInt(x);
-  if (typeof x === "string") return x;
-  if (Buffer.isBuffer(x)) return x.toString();
-  if (Array.isArray(x)) return x.map(normal);
-  return String(x);
-}
 
 test("the user's timeouts, legacy mode and RESP3 do not reach our connections", async () => {
   const key = newKey("opts");
   await admin.call("LOCK.ACQUIRE", key, "holder", "400");
-  const io = new Redis({ host: "127.0.0.1", port: srv.port, commandTimeout: 100, socketTimeout: 150, keyPrefix: "pfx:" });
-  const v5 = createClient5({ socket: { host: "127.0.0.1", port: srv.port, socketTimeout: 150 }, RESP: 3 });
-  v5.on("error", () => undefined);
-  await v5.connect();
-  const v4 = createClient4({ socket: { host: "127.0.0.1", port: srv.port }, legacyMode: true });
-  v4.on("error", () => undefined);
-  await v4.connect();
+  const io = kit.ioredis(srv, { commandTimeout: 100, socketTimeout: 150, keyPrefix: "pfx:" });
+  const v5 = await kit.nodeRedis(srv, { socket: { socketTimeout: 150 }, RESP: 3 });
+  const v4 = await kit.nodeRedis4(srv, { legacyMode: true });
   const targets = [targetFor(io), targetFor(v5), targetFor(v4)];
   try {
     const waits = targets.map(async (t, i) => {
@@ -356,14 +251,12 @@ test("the user's timeouts, legacy mode and RESP3 do not reach our connections", 
     assert.equal(await admin.get(plain), "v");
   } finally {
     for (const t of targets) await t.close();
-    io.disconnect();
-    if (v5.isOpen) v5.destroy();
-    await v4.disconnect().catch(() => undefined);
+    await Promise.all([io, v5, v4].map((c) => closeClient(c)));
   }
 });
 
 test("close() rejects in-flight waits and queued acquisitions with ConnectionLostError", async () => {
-  const uc = new Redis({ host: "127.0.0.1", port: srv.port });
+  const uc = kit.ioredis(srv);
   const t = targetFor(uc, { maxWaitConnections: 1 });
   try {
     const key = newKey("close");
@@ -373,15 +266,15 @@ test("close() rejects in-flight waits and queued acquisitions with ConnectionLos
     const w = c.send(["LOCK.ACQUIRE", key, "W", "30000", "WAIT", "0"]);
     const wChecked = assert.rejects(w, ConnectionLostError);
     const queued = assert.rejects(ep.acquireWaitConn(), ConnectionLostError);
-    await until("the waiter queues", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 1n);
+    await until("the waiter queues", async () => (await srv.waiting(key)) === 1);
     await t.close();
     await wChecked;
     await queued;
     await assert.rejects(ep.command(), ConnectionLostError);
-    await until("the server drops the waiter", async () => infoField(normal(await admin.call("LOCK.INFO", key)), "waiting") === 0n);
+    await until("the server drops the waiter", async () => (await srv.waiting(key)) === 0);
     await admin.call("LOCK.RELEASE", key, "holder");
   } finally {
-    uc.disconnect();
+    await closeClient(uc);
   }
 });
 
@@ -392,27 +285,14 @@ test("targetFor refuses what it cannot drive", () => {
 });
 
 describe("TLS through the user's client options", () => {
-  let dir: string;
-  let tsrv: Srv;
-  let ca: string;
+  let tsrv: TlsServer;
   before(async () => {
-    dir = mkdtempSync(join(tmpdir(), "rl-tls-"));
-    const o = (args: string[]) => execFileSync("openssl", args, { cwd: dir, stdio: "ignore" });
-    o(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca"]);
-    o(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost"]);
-    writeFileSync(join(dir, "ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
-    o(["x509", "-req", "-in", "srv.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.crt", "-days", "1", "-extfile", "ext.cnf"]);
-    ca = (await import("node:fs")).readFileSync(join(dir, "ca.crt"), "utf8");
-    tsrv = await startServer((_d, port) => ["--port", "0", "--tls-port", String(port), "--tls-cert-file", join(dir, "srv.crt"), "--tls-key-file", join(dir, "srv.key"), "--tls-ca-cert-file", join(dir, "ca.crt"), "--tls-auth-clients", "no"]);
+    tsrv = await kit.tlsServer();
   });
-  after(async () => {
-    await tsrv.stop();
-    rmSync(dir, { recursive: true, force: true });
-  });
-  for (const kind of KINDS) {
+  for (const kind of CLIENT_KINDS) {
     test(`${kind}: command, wait and subscriber connections use TLS`, async () => {
-      const uc = await userClient(kind, tsrv.port, { ca });
-      const t = targetFor(uc.client);
+      const uc = await kit.clientTls(kind, tsrv);
+      const t = targetFor(uc);
       try {
         const ep = await t.endpointFor("k");
         const cmd = await ep.command();
@@ -429,38 +309,29 @@ describe("TLS through the user's client options", () => {
         await cmd.send(["LOCK.RELEASE", "tls:k2", `o-${kind}`]);
       } finally {
         await t.close();
-        await uc.close();
+        await closeClient(uc);
       }
     });
   }
 });
 
 describe("ioredis Cluster", () => {
-  const nodes: Srv[] = [];
-  let cluster: Cluster;
+  let nodes: Server[] = [];
+  let cluster: IORedisCluster;
   let target: Target;
   before(async () => {
-    for (let i = 0; i < 3; i++) {
-      nodes.push(await startServer((d, port) => ["--cluster-enabled", "yes", "--cluster-config-file", join(d, `nodes-${port}.conf`), "--cluster-node-timeout", "2000"]));
-    }
-    execFileSync("redis-cli", ["--cluster", "create", ...nodes.map((n) => `127.0.0.1:${n.port}`), "--cluster-replicas", "0", "--cluster-yes"], { stdio: "ignore" });
-    for (const n of nodes) {
-      const c = new Redis({ host: "127.0.0.1", port: n.port });
-      await until("cluster ok", async () => ((await c.call("CLUSTER", "INFO")) as string).includes("cluster_state:ok"), 20_000);
-      c.disconnect();
-    }
-    cluster = new Cluster(nodes.map((n) => ({ host: "127.0.0.1", port: n.port })));
+    const c: Cluster = await kit.cluster(3);
+    nodes = c.nodes;
+    cluster = kit.ioredisCluster(c);
     await until("ioredis cluster ready", () => cluster.status === "ready", 10_000);
     target = targetFor(cluster);
   });
   after(async () => {
     await target?.close();
-    cluster?.disconnect();
-    for (const n of nodes) await n.stop();
   });
 
   test("slotOf is Redis Cluster's key slot", async () => {
-    const conn = new Redis({ host: "127.0.0.1", port: nodes[0]?.port ?? 0 });
+    const conn = kit.ioredis(nodes[0]!);
     try {
       for (const k of ["", "a", "foo", "{user1000}.following", "lock:x", "ünïcode", "{}x", "a{b}c{d}"]) {
           assert.equal(slotOf(k), Number(await conn.call("CLUSTER", "KEYSLOT", k)), k);
@@ -492,7 +363,7 @@ describe("ioredis Cluster", () => {
     assert.equal(typeof (await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "30000"])), "bigint");
     const losses: LossCause[] = [];
     const h = await watchHold(ep, key, "A", {}, (c) => losses.push(c));
-    const node = new Redis({ host: "127.0.0.1", port: Number(ep.name.split(":")[1]) });
+    const node = kit.ioredis({ host: "127.0.0.1", port: Number(ep.name.split(":")[1]) });
     try {
       await node.del(key);
       await until("the loss", () => losses.length > 0);
@@ -510,8 +381,10 @@ describe("ioredis Cluster", () => {
     const fromPort = Number(from.name.split(":")[1]);
     const toSrv = nodes.find((n) => n.port !== fromPort);
     assert.ok(toSrv);
-    const src = new Redis({ host: "127.0.0.1", port: fromPort });
-    const dst = new Redis({ host: "127.0.0.1", port: toSrv.port });
+    const srcSrv = nodes.find((n) => n.port === fromPort);
+    assert.ok(srcSrv);
+    const src = kit.ioredis(srcSrv);
+    const dst = kit.ioredis(toSrv);
     try {
       const tok = await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "30000"]);
       const dstId = (await dst.call("CLUSTER", "MYID")) as string;
@@ -541,28 +414,30 @@ describe("ioredis Cluster", () => {
     const fromPort = Number(from.name.split(":")[1]);
     const toSrv = nodes.find((n) => n.port !== fromPort);
     assert.ok(toSrv);
-    const src = new Redis({ host: "127.0.0.1", port: fromPort });
-    const dst = new Redis({ host: "127.0.0.1", port: toSrv.port });
+    const srcSrv = nodes.find((n) => n.port === fromPort);
+    assert.ok(srcSrv);
+    const src = kit.ioredis(srcSrv);
+    const dst = kit.ioredis(toSrv);
     try {
       const tokA = await sendRouted(target, key, ["LOCK.ACQUIRE", key, "A", "30000"]);
       await src.config("RESETSTAT");
       let sends = 0;
       const waiting = sendWaitRouted(target, key, () => { sends++; return ["LOCK.ACQUIRE", key, "B", "30000", "WAIT", "20000"]; });
-      await until("B queues on the source", async () => infoField(normal(await src.call("LOCK.INFO", key)), "waiting") === 1n);
+      await until("B queues on the source", async () => (await srcSrv.waiting(key)) === 1);
       const dstId = (await dst.call("CLUSTER", "MYID")) as string;
       const srcId = (await src.call("CLUSTER", "MYID")) as string;
       await dst.call("CLUSTER", "SETSLOT", String(slot), "IMPORTING", srcId);
       await src.call("CLUSTER", "SETSLOT", String(slot), "MIGRATING", dstId);
       await src.call("MIGRATE", "127.0.0.1", String(toSrv.port), key, "0", "5000");
       for (const c of [dst, src]) await c.call("CLUSTER", "SETSLOT", String(slot), "NODE", dstId);
-      await until("B queues on the target", async () => infoField(normal(await dst.call("LOCK.INFO", key)), "waiting") === 1n);
+      await until("B queues on the target", async () => (await toSrv.waiting(key)) === 1);
       assert.equal(await sendRouted(target, key, ["LOCK.RELEASE", key, "A"]), 0n);
       const res = await waiting;
       assert.equal(typeof res.reply, "bigint");
       assert.ok((res.reply as bigint) > (tokA as bigint), "the token goes on from the moved lock's");
       assert.equal(res.endpoint.name, `127.0.0.1:${toSrv.port}`);
       assert.ok(sends >= 2);
-      assert.equal(await cmdstat(src, "lock.acquire"), 1, "the source saw the wait once");
+      assert.equal(await commandCalls(srcSrv, "lock.acquire"), 1, "the source saw the wait once");
       res.endpoint.releaseWaitConn(res.conn);
       await sendRouted(target, key, ["LOCK.RELEASE", key, "B"]);
     } finally {

@@ -1,123 +1,34 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import Redis from "ioredis";
-import { createClient as createClient5 } from "redis";
-import { createClient as createClient4 } from "redis4";
+import type { Redis } from "ioredis";
 import { targetFor, type Endpoint, type Target } from "../src/driver/index.js";
 import { watchHold, type LossCause } from "../src/watcher.js";
+import { CLIENT_KINDS, commandCalls, sleep, uniqueKeys, until, useKit, type Server } from "./kit/index.js";
 
-// temporary: replaced by test/kit at integration ------------------------------------------
-const MODULE = process.env["REDIS_LOCK_MODULE"] ?? "/work/main/target/debug/libredis_lock.so";
-const SERVER = process.env["REDIS_LOCK_SERVER"] ?? "redis-server";
-interface Srv { port: number; proc: ChildProcess; dir: string; stop(): Promise<void> }
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const a = s.address();
-      const port = typeof a === "object" && a ? a.port : 0;
-      s.close(() => resolve(port));
-    });
-  });
-}
-async function startServer(extra: (dir: string, port: number) => string[] = () => []): Promise<Srv> {
-  const port = await freePort();
-  const dir = mkdtempSync(join(tmpdir(), "rl-drv-"));
-  const args = ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, "--loadmodule", MODULE, ...extra(dir, port)];
-  const proc = spawn(SERVER, args, { stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start: ${out}`)), 10_000);
-    proc.stdout?.on("data", (d: Buffer) => {
-      out += d.toString();
-      if (out.includes("Ready to accept connections")) { clearTimeout(timer); resolve(); }
-    });
-    proc.once("exit", (code) => { clearTimeout(timer); reject(new Error(`server exited ${code}: ${out}`)); });
-  });
-  proc.stdout?.resume();
-  proc.stderr?.resume();
-  return {
-    port, proc, dir,
-    stop: () => new Promise<void>((resolve) => {
-      if (proc.exitCode !== null) { rmSync(dir, { recursive: true, force: true }); resolve(); return; }
-      proc.once("exit", () => { rmSync(dir, { recursive: true, force: true }); resolve(); });
-      proc.kill("SIGKILL");
-    }),
-  };
-}
-// ---------------------------------------------------------------------------------------
+const kit = useKit();
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await cond()) return;
-    await sleep(5);
-  }
-  assert.fail(`timed out waiting for ${what}`);
-}
-async function cmdstat(admin: Redis, cmd: string): Promise<number> {
-  const info = await admin.info("commandstats");
-  const m = new RegExp(`cmdstat_${cmd.replace(".", "\\.")}:calls=(\\d+)`).exec(info);
-  return m ? Number(m[1]) : 0;
-}
-
-type Kind = "ioredis" | "node-redis-v4" | "node-redis-v5";
-const KINDS: Kind[] = ["ioredis", "node-redis-v4", "node-redis-v5"];
-
-async function userClient(kind: Kind, port: number): Promise<{ client: unknown; close(): Promise<void> }> {
-  if (kind === "ioredis") {
-    const r = new Redis({ host: "127.0.0.1", port });
-    return { client: r, close: async () => { r.disconnect(); } };
-  }
-  const socket = { host: "127.0.0.1", port };
-  if (kind === "node-redis-v4") {
-    const c = createClient4({ socket });
-    c.on("error", () => undefined);
-    await c.connect();
-    return { client: c, close: async () => { await c.disconnect().catch(() => undefined); } };
-  }
-  const c = createClient5({ socket });
-  c.on("error", () => undefined);
-  await c.connect();
-  return { client: c, close: async () => { if (c.isOpen) c.destroy(); } };
-}
 
 interface Loss { cause: LossCause; detail: string; at: number }
 
-let srv: Srv;
+let srv: Server;
 let admin: Redis;
 before(async () => {
-  srv = await startServer();
-  admin = new Redis({ host: "127.0.0.1", port: srv.port });
-});
-after(async () => {
-  admin.disconnect();
-  await srv.stop();
+  srv = await kit.server();
+  admin = kit.ioredis(srv);
 });
 
-let n = 0;
-const newKey = (p: string) => `w:${p}:${++n}`;
+const newKey = uniqueKeys("w");
 
-for (const kind of KINDS) {
+for (const kind of CLIENT_KINDS) {
   describe(`watcher over ${kind}`, () => {
-    let uc: { client: unknown; close(): Promise<void> };
     let target: Target;
     let ep: Endpoint;
     before(async () => {
-      uc = await userClient(kind, srv.port);
-      target = targetFor(uc.client);
+      target = targetFor(await kit.client(kind, srv));
       ep = await target.endpointFor("w");
     });
     after(async () => {
       await target.close();
-      await uc.close();
     });
 
     /** Acquires `key` for `owner` over the command connection and watches it. */
@@ -212,10 +123,10 @@ for (const kind of KINDS) {
       await conn.send(["LOCK.ACQUIRE", other, "A", "30000"]);
       await conn.send(["LOCK.RELEASE", other, "A"]);
       await sleep(100);
-      assert.equal(await cmdstat(admin, "lock.info"), 0, "no LOCK.INFO for our own writes");
+      assert.equal(await commandCalls(srv, "lock.info"), 0, "no LOCK.INFO for our own writes");
       // control: a change by another connection is re-read (and is no loss)
       await admin.call("LOCK.ACQUIRE", key, "B", "1000", "WAIT", "30");
-      await until("a re-read", async () => (await cmdstat(admin, "lock.info")) >= 1, 2000);
+      await until("a re-read", async () => (await commandCalls(srv, "lock.info")) >= 1, 2000);
       await sleep(30);
       assert.equal(losses.length, 0);
       handle.stop();
@@ -234,11 +145,11 @@ for (const kind of KINDS) {
         await admin.set(`w:other:${i}`, "v");
       }
       await sleep(100);
-      assert.equal(await cmdstat(admin, "lock.info"), 0);
+      assert.equal(await commandCalls(srv, "lock.info"), 0);
       handle.stop();
       await admin.del(key);
       await sleep(100);
-      assert.equal(await cmdstat(admin, "lock.info"), 0, "a stopped watch re-reads nothing");
+      assert.equal(await commandCalls(srv, "lock.info"), 0, "a stopped watch re-reads nothing");
       assert.equal(losses.length, 0);
     });
 

@@ -28,7 +28,7 @@ export {
   type NodeRedis5Options,
 } from "./clients.js";
 export { PACKAGE_ENTRY, holderScript, parseHeld, spawnHolder, spawnNode, type Child, type HolderOptions, type SpawnNodeOptions } from "./child.js";
-export { PATIENCE_MS, now, percentile, sleep, waitFor, type WaitForOptions } from "./wait.js";
+export { PATIENCE_MS, now, percentile, sleep, until, waitFor, type WaitForOptions } from "./wait.js";
 export { parseCommandstats, parseInfo, parseLockInfo, type CommandStat, type KitHolder, type KitLockInfo } from "./info.js";
 export { RespConn, RespError, command, encode, parseReply, type RespValue } from "./resp.js";
 
@@ -45,4 +45,17 @@ export async function lockCalls(server: Server): Promise<number> {
   let n = 0;
   for (const [name, s] of await commandstats(server)) if (name.startsWith("lock.")) n += s.calls;
   return n;
+}
+
+/** How many times `command` (lower case, e.g. `lock.acquire`) ran on `server` since its last
+ *  CONFIG RESETSTAT (0 when never). */
+export async function commandCalls(server: Server, command: string): Promise<number> {
+  return (await commandstats(server)).get(command.toLowerCase())?.calls ?? 0;
+}
+
+/** A maker of distinct key names `${prefix}:${name}:${pid}:${n}` (one per call), so tests of
+ *  one file (and files run one after another against shared servers) never share a key. */
+export function uniqueKeys(prefix: string): (name: string) => string {
+  let n = 0;
+  return (name) => `${prefix}:${name}:${process.pid}:${++n}`;
 }

@@ -121,6 +121,19 @@ export class Kit {
     }
   }
 
+  /** A client of `kind` (connected) over TLS to a {@link TlsServer}, verifying its certificate. */
+  async clientTls(kind: ClientKind, s: TlsServer): Promise<IORedis | NodeRedis5 | NodeRedis4> {
+    const at = { host: s.host, port: s.tlsPort };
+    switch (kind) {
+      case "ioredis":
+        return this.ioredisTls(s);
+      case "node-redis":
+        return this.nodeRedis(at, { socket: { tls: true, ca: s.certs.ca } as NodeRedis5Options["socket"] });
+      case "node-redis4":
+        return this.nodeRedis4(at, { socket: { tls: true, ca: s.certs.ca } as NodeRedis4Options["socket"] });
+    }
+  }
+
   /** Starts a holder child process (acquires, prints `held <token> <owner>`, sleeps). */
   async holder(o: HolderOptions): Promise<Child> {
     this.check();

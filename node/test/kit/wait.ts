@@ -58,3 +58,9 @@ export function percentile(values: readonly number[], p: number): number {
   const rank = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
   return sorted[rank] as number;
 }
+
+/** {@link waitFor} with the condition named first: `await until("the waiter queues", cond)`
+ *  (boolean conditions; default patience {@link PATIENCE_MS}). */
+export async function until(what: string, cond: () => boolean | Promise<boolean>, timeoutMs: number = PATIENCE_MS): Promise<void> {
+  await waitFor(cond, timeoutMs, { what });
+}
