@@ -265,7 +265,9 @@ export default class Redlock extends EventEmitter {
         conn = await ep.acquireWaitConn(gate.signal);
       } catch (e) {
         if (signal?.aborted) throw signal.reason;
-        if (gate.signal.aborted && gate.signal.reason instanceof ConnectionLimitError) throw gate.signal.reason;
+        // Only a request still queued for a place gets the gate's reason back (the driver
+        // names a connect cut short by the gate as a timeout).
+        if (e instanceof ConnectionLimitError) throw e;
         return errorOutcome(e);
       } finally {
         if (timer) clearTimeout(timer);

@@ -87,7 +87,6 @@ describe("a server paused (SIGSTOP) before the Redlock first uses it", () => {
     "one server, a free wait pool, wait 500: the paused server is not reported as a ConnectionLimitError",
     {
       timeout: TEST_TIMEOUT_MS,
-      todo: "src/redlock.ts waitOn: the ConnectionLimitError gate timer (wait ms) also aborts the wait connection's connect (8c67fde passes gate.signal to PooledEndpoint.hand -> factory.open -> connectWithin), so an unreachable server is reported as 'every wait connection stayed busy ... raise maxWaitConnections'",
     },
     async (t) => {
       const kit = useKit(t);

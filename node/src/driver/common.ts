@@ -288,7 +288,18 @@ export class PooledEndpoint implements Endpoint {
           break;
         }
       }
-      if (!conn) conn = await this.factory.open("wait", signal);
+      if (!conn) {
+        try {
+          conn = await this.factory.open("wait", signal);
+        } catch (e) {
+          // The signal cut the connecting short (not the queue for a place): say so, rather
+          // than hand on the signal's reason, which is about the queue.
+          if (signal?.aborted && e === signal.reason) {
+            throw new ReplyTimeoutError(`could not connect to ${this.name} before the request's time ran out (is it paused or overloaded?)`);
+          }
+          throw e;
+        }
+      }
     } catch (e) {
       this.reserved--;
       this.pump();
