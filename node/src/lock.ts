@@ -4,7 +4,7 @@
  * @packageDocumentation
  */
 import type { Conn } from "./driver/types.js";
-import { LockLostError, type ExecutionStats } from "./errors.js";
+import { InvalidRequestError, LockLostError, type ExecutionStats } from "./errors.js";
 import { Lease, type Loss } from "./core/lease.js";
 import type { AcquireSpec } from "./core/protocol.js";
 import { maxToken } from "./core/token.js";
@@ -96,7 +96,11 @@ export class Hold {
     let set = this.lostOn.get(resource);
     if (!set) this.lostOn.set(resource, (set = new Set()));
     set.add(server);
-    if (this.servers.length - set.size < this.lease.quorum) this.markLost(loss);
+    // Only servers that granted this resource hold it: those left must still be a majority.
+    const holding = this.tokens.get(resource);
+    const lostOn = set;
+    const stillHeld = this.servers.filter((name, i) => (holding === undefined || holding.has(name)) && !lostOn.has(i)).length;
+    if (stillHeld < this.lease.quorum) this.markLost(loss);
   }
 
   private notified = false;
@@ -174,12 +178,23 @@ export class Lock {
   }
 
   /**
-   * The fencing token: the largest token of this lock's grants (on one server, that server's
-   * token for the resource; several resources: the largest). Exact, a `bigint`.
+   * The fencing token of a lock from ONE server: that server's token for the resource (several
+   * resources: the largest, which grows too, as the server's tokens come from one counter).
+   * Exact, a `bigint`.
+   *
+   * Throws `InvalidRequestError` for a lock over several servers: each server counts on its own,
+   * so the largest of a lock's tokens can be larger than the next holder's (granted by other
+   * servers) and a storage guard comparing it would let the stale holder in. Compare per server
+   * with {@link Lock.tokens} instead (docs/node.md, "Fencing tokens").
    */
   get fencingToken(): bigint {
     const h = holds.get(this);
     if (!h) return 0n;
+    if (h.servers.length > 1) {
+      throw new InvalidRequestError(
+        "a lock over several servers has no single fencing token: each server counts on its own, so the largest token of one lock can exceed the next holder's; compare lock.tokens per server",
+      );
+    }
     let m = 0n;
     for (const per of h.tokens.values()) {
       const t = maxToken(per.values());

@@ -286,7 +286,8 @@ export default class Redlock extends EventEmitter {
       outcome = acquireOutcome(await conn.send(build(left), deadline));
     } catch (e) {
       outcome = acquireOutcome(e instanceof Error ? e : new Error(String(e)));
-      if (outcome.kind === "unreachable") cut = true;
+      // No answer, or a grant whose token could not be read exactly: it may hold, give it back.
+      if (outcome.kind === "unreachable" || (outcome.kind === "refused" && outcome.refusal === "precision")) cut = true;
     } finally {
       signal?.removeEventListener("abort", onAbort);
     }
@@ -350,7 +351,6 @@ export default class Redlock extends EventEmitter {
       this.targets.length === 1
         ? await this.acquireOne(keys, spec, owner, wait, s, attempts)
         : await this.acquireQuorum(keys, spec, owner, wait, s, attempts);
-    const lock = makeLock(this, hold, attempts, Date.now() + Math.max(0, hold.lease.validUntil - now()), resources);
     if (hold.bound.size > 0) this.live.add(hold);
     if (opts.watch || s.onLost) {
       this.live.add(hold);
@@ -358,10 +358,22 @@ export default class Redlock extends EventEmitter {
         const cb = s.onLost;
         hold.onLoss((e) => cb(e));
       }
-      await this.watch(hold);
+      // The validity runs while the watches are set up: its timer first, and the setting up
+      // may take at most a quarter of what is left (a slow or paused server finishes its
+      // watch later, in the background).
       hold.armExpiry();
+      await this.watch(hold, Math.max(0, hold.lease.validity(now()) / 4));
+      const lost = hold.lost ?? (hold.lease.validity(now()) <= 0 ? hold.markLost({ cause: "expired", resource: hold.resources[0] ?? "", detail: "" }) : null);
+      if (lost) {
+        // Never hand out a lock already lost: give back whatever is still held, then say why.
+        hold.stop();
+        this.live.delete(hold);
+        await this.everywhere(hold, hold.resources, (k) => releaseArgs(k, owner, true), shortDeadline(duration), true).catch(() => undefined);
+        throw new LockLostError(lost.resource, lost.cause, lost.detail, attempts);
+      }
     }
-    return lock;
+    // The expiration (as redlock: Date.now() milliseconds, an integer) from the validity left now.
+    return makeLock(this, hold, attempts, Math.floor(Date.now() + Math.max(0, hold.lease.validUntil - now())), resources);
   }
 
   private async acquireOne(keys: string[], spec: AcquireSpec, owner: string, wait: number | undefined, s: Settings, attempts: Promise<ExecutionStats>[]): Promise<Hold> {
@@ -532,13 +544,18 @@ export default class Redlock extends EventEmitter {
 
   // ---- watch ---------------------------------------------------------------------------------
 
-  private async watch(hold: Hold): Promise<void> {
+  /** Sets up the loss watcher on every server that granted each resource, waiting at most
+   *  `budgetMs` for it (a watch still being set up after that is kept when it comes). */
+  private async watch(hold: Hold, budgetMs: number): Promise<void> {
     if (hold.watching) return;
     hold.watching = true;
-    await Promise.all(
+    const all = Promise.all(
       this.targets.map((t, server) =>
         Promise.all(
           hold.resources.map(async (key) => {
+            // A server that did not grant this resource has nothing to watch.
+            const granted = hold.tokens.get(key);
+            if (granted !== undefined && !granted.has(this.servers[server] ?? "")) return;
             try {
               const ep = await t.endpointFor(key);
               const bound = hold.bound.get(server);
@@ -555,6 +572,13 @@ export default class Redlock extends EventEmitter {
         ),
       ),
     );
+    let timer: NodeJS.Timeout | undefined;
+    const budget = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, Math.ceil(budgetMs));
+      timer.unref();
+    });
+    await Promise.race([all, budget]);
+    if (timer) clearTimeout(timer);
   }
 
   // ---- release / extend ----------------------------------------------------------------------
@@ -667,8 +691,13 @@ export default class Redlock extends EventEmitter {
       existing.expiration = 0;
       return new Lock(this, existing.resources, existing.value, attempts, Date.now() + duration - (Math.round(this.settings.driftFactor * duration) + 2));
     }
-    const closed = [...hold.bound.values()].some((c) => c.closed);
-    const v = hold.lease.extended(answers, closed, sent, duration, now());
+    // Released meanwhile (a release raced this extend): nothing is held, and no loss either.
+    if (hold.lease.released) throw new ExecutionError("Cannot extend a lock that was released meanwhile.", attempts);
+    // A server whose bound connection is known closed has ended the hold (or will, once it
+    // reads the close), whatever it answered: its answers do not count.
+    const closedOn = new Set([...hold.bound].filter(([, c]) => c.closed).map(([i]) => i));
+    const counted = answers.map((a, i) => (closedOn.has(i) ? a.map(() => undefined) : a));
+    const v = hold.lease.extended(counted, closedOn.size > 0, sent, duration, now());
     switch (v.kind) {
       case "ok": {
         existing.expiration = 0;
@@ -769,6 +798,9 @@ export default class Redlock extends EventEmitter {
       // The work ran under the lock unless the lock was lost: only a loss fails the using.
       if (e instanceof LockLostError) throw e;
     }
+    // The routine was told the lock was lost (its signal fired): part of its work may have run
+    // without it, so using() does not report success, even when the servers still held it.
+    if (signal.aborted) throw signal.error ?? signal.reason;
     return result;
 
     async function cleanup(): Promise<void> {

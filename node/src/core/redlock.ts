@@ -99,9 +99,12 @@ type Phase =
   | { kind: "backoff" }
   | { kind: "finished" };
 
-/** True when a server may hold some resource after these outcomes (granted, or no answer: it may grant late). */
+/** True when a server may hold some resource after these outcomes (granted; no answer: it may
+ *  grant late; or a grant whose token could not be read exactly). */
 function mayHold(outcomes: readonly (Outcome | undefined)[] | undefined): boolean {
-  return (outcomes ?? []).some((o) => !!o && (o.kind === "granted" || o.kind === "unreachable"));
+  return (outcomes ?? []).some(
+    (o) => !!o && (o.kind === "granted" || o.kind === "unreachable" || (o.kind === "refused" && o.refusal === "precision")),
+  );
 }
 
 /** The outcome standing for a server's vote. */

@@ -75,6 +75,10 @@ export class OneServerAttempt {
       // Never reported acquired when its validity is already spent.
       return { kind: "failed", failure: { kind: "expired" }, outcome: undefined, giveBack: [...this.granted], vote: v };
     }
-    return { kind: "failed", failure: classify([v.outcome], 1), outcome: v.outcome, giveBack: [...this.granted], vote: v };
+    // A request whose answer never came (a deadline, a dropped connection) or could not be read
+    // exactly may still have been granted: it is given back too.
+    const mayHold = outcome.kind === "unreachable" || (outcome.kind === "refused" && outcome.refusal === "precision");
+    const giveBack = mayHold ? [...this.granted, key] : [...this.granted];
+    return { kind: "failed", failure: classify([v.outcome], 1), outcome: v.outcome, giveBack, vote: v };
   }
 }

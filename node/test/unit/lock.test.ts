@@ -11,12 +11,16 @@ function hold(servers: string[], validFor = 10_000): Hold {
 }
 
 describe("Lock and its hold", () => {
-  it("fencingToken is the largest token of every grant, exact", () => {
+  it("fencingToken is the largest token of a one-server lock's grants, exact; several servers have none", () => {
+    const one = hold(["s1:1"]);
+    one.tokens.set("a", new Map([["s1:1", 9007199254740993n]]));
+    one.tokens.set("b", new Map([["s1:1", 7n]]));
+    assert.equal(makeLock(redlock, one, [], Date.now() + 10_000).fencingToken, 9007199254740993n);
     const h = hold(["s1:1", "s2:2", "s3:3"]);
     h.tokens.set("a", new Map([["s1:1", 9007199254740993n], ["s2:2", 5n]]));
     h.tokens.set("b", new Map([["s1:1", 7n]]));
     const lock = makeLock(redlock, h, [], Date.now() + 10_000);
-    assert.equal(lock.fencingToken, 9007199254740993n);
+    assert.throws(() => lock.fencingToken, /several servers has no single fencing token/);
     assert.equal(lock.tokens.get("a")?.get("s2:2"), 5n);
     assert.equal(lock.mode, "write");
     assert.equal(lock.value, "owner");
