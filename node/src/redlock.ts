@@ -35,7 +35,7 @@ import {
   type Vote,
 } from "./core/protocol.js";
 import { parseInfo, type LockInfo } from "./core/info.js";
-import type { ServerAnswers, Verdict } from "./core/lease.js";
+import { confirmedValidUntil, type ServerAnswers, type Verdict } from "./core/lease.js";
 import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
 import { OneServerAttempt, type OneStep } from "./core/single.js";
@@ -380,6 +380,8 @@ export default class Redlock extends EventEmitter {
     const t = this.targets[0] as Target;
     const deadline = shortDeadline(spec.ttl);
     const m = new OneServerAttempt(keys, spec, owner, wait, now());
+    /** Resources granted after waiting in the server's queue: their validity is checked. */
+    const waited: string[] = [];
     let bound: Conn | undefined;
     let boundEp: Endpoint | undefined;
     let step: OneStep = m.start(now());
@@ -404,6 +406,7 @@ export default class Redlock extends EventEmitter {
               bound = c;
               boundEp = ep;
             } : undefined);
+            if (o.kind === "granted") waited.push(key);
           }
         }
         step = m.replied(o, now());
@@ -416,7 +419,28 @@ export default class Redlock extends EventEmitter {
     }
     attempts.push(Promise.resolve(this.stats([step.vote], keys.length)));
     if (step.kind === "granted") {
-      const hold = new Hold(owner, keys, spec, [t.name], step.validUntil, s.driftFactor);
+      let validUntil: number | null = step.validUntil;
+      // A grant that waited is counted from when its reply was read; the server granted it
+      // earlier, by as long as the reply sat unread (a busy event loop). Ask the server how long
+      // the hold has left (one LOCK.INFO per waited resource).
+      for (const key of waited) {
+        if (validUntil === null) break;
+        const sent = now();
+        let ttl: number | null | undefined;
+        try {
+          const info = parseInfo(await this.short(t, await t.endpointFor(key), key, ["LOCK.INFO", key], deadline));
+          ttl = info?.holders.find((h) => h.owner === owner)?.ttl ?? null;
+        } catch {
+          ttl = undefined; // no answer: keep the lease as counted from the reply
+        }
+        if (ttl !== undefined) validUntil = confirmedValidUntil(validUntil, sent, ttl, now());
+      }
+      if (validUntil === null) {
+        await Promise.all(keys.map((k) => this.giveBack(t, k, owner)));
+        bound?.destroy();
+        throw failureError({ kind: "expired" }, attempts, [t.name]);
+      }
+      const hold = new Hold(owner, keys, spec, [t.name], validUntil, s.driftFactor);
       const tokens = step.tokens;
       keys.forEach((k, i) => hold.tokens.set(k, new Map([[t.name, tokens[i] as bigint]])));
       if (bound) hold.bound.set(0, bound);

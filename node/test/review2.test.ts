@@ -107,6 +107,27 @@ describe("second review", () => {
     assert.equal(e.cause, "expired");
   });
 
+  test("a grant that waited while the event loop was busy: validity() is no more than the server's ttl for the hold", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+    const kit = useKit(t);
+    const server = await kit.server();
+    const redlock = redlockOn(kit, [server]);
+    const k = key("busy");
+    // Another owner holds the key for 300 ms; the server grants the waiter when that ends (at
+    // most one expiry cycle, 100 ms, later), while this process is busy until 1000 ms.
+    assert.equal(typeof (await server.call(["LOCK.ACQUIRE", k, "someone-else", "300"])), "bigint");
+    const pending = redlock.acquire([k], 5000, { wait: 5000 });
+    await sleep(100);
+    busy(900);
+    const lock = await pending;
+    const info = await server.lockInfo(k);
+    const serverTtl = info?.holders.find((h) => h.owner === lock.value)?.ttl;
+    assert.ok(serverTtl !== undefined, "held");
+    // The server's ttl was read after validity's end was fixed: the validity may not exceed it.
+    assert.ok(lock.validity() <= Number(serverTtl) + 5, `validity ${lock.validity()} ms, server ttl ${serverTtl} ms`);
+    assert.ok(lock.validity() < 4800, `the busy time is not counted as held time: ${lock.validity()}`);
+    await lock.release();
+  });
+
   test("an extend racing a release: no loss is reported, the extend rejects as released", { timeout: TEST_TIMEOUT_MS }, async (t) => {
     const kit = useKit(t);
     const server = await kit.server();

@@ -31,6 +31,18 @@ export function singleServerValidUntil(sent: number, waited: boolean, ttl: numbe
 }
 
 /**
+ * A one-server lease after a grant that waited, checked against the server: `LOCK.INFO` sent at
+ * `infoSent` said the owner's hold has `holderTtl` ms left (null: the owner does not hold it).
+ * The grant may have happened long before its reply was read (a busy event loop), so the
+ * lease ends no later than what the server says, less the margin. Null when nothing is left.
+ */
+export function confirmedValidUntil(validUntil: number, infoSent: number, holderTtl: number | null, now: number): number | null {
+  if (holderTtl === null) return null;
+  const end = Math.min(validUntil, infoSent + holderTtl - SINGLE_SERVER_MARGIN);
+  return end > now ? end : null;
+}
+
+/**
  * The end of a quorum lease whose requests were sent at `sent` (the earliest moment any of its
  * grants can have started), or null when it is already of no use at `now`.
  */

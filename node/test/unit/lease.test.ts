@@ -1,6 +1,6 @@
 import { describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { Lease, causeFromInfo, drift, quorumValidUntil, singleServerValidUntil, type ServerAnswers } from "../../src/core/lease.js";
+import { Lease, causeFromInfo, confirmedValidUntil, drift, quorumValidUntil, singleServerValidUntil, type ServerAnswers } from "../../src/core/lease.js";
 import { acquireOutcome, type Outcome } from "../../src/core/protocol.js";
 import { ServerReplyError } from "../../src/driver/types.js";
 import { parseInfo } from "../../src/core/info.js";
@@ -104,5 +104,24 @@ describe("lease", () => {
         if (v.kind === "ok") assert.ok(l.validUntil >= before);
       }
     }
+  });
+});
+
+describe("a waited grant checked against the server", () => {
+  it("never ends later than the server's ttl for the hold (less the margin), nor later than counted", () => {
+    const r = rng(SEED);
+    for (let i = 0; i < 500; i++) {
+      const infoSent = r.next() * 1000;
+      const now = infoSent + r.next() * 50;
+      const counted = now + r.next() * 10_000;
+      const ttl = Math.floor(r.next() * 10_000);
+      const v = confirmedValidUntil(counted, infoSent, ttl, now);
+      if (v === null) {
+        assert.ok(Math.min(counted, infoSent + ttl - 2) <= now);
+      } else {
+        assert.ok(v <= counted && v <= infoSent + ttl - 2 && v > now);
+      }
+    }
+    assert.equal(confirmedValidUntil(5000, 0, null, 1), null, "the owner does not hold it: nothing");
   });
 });
