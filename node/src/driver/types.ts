@@ -72,10 +72,18 @@ export interface Endpoint {
 /** What a user handed to new Redlock(...): one standalone server or an ioredis Cluster. */
 export interface Target {
   readonly name: string;
-  /** The endpoint serving `key` now (cluster: by slot, refreshed after MOVED / TRYAGAIN). */
-  endpointFor(key: string): Promise<Endpoint>;
-  /** After a MOVED/ASK/TRYAGAIN/CLUSTERDOWN reply: refresh routing. */
-  rerouted(key: string, err: ServerReplyError): Promise<void>;
+  /** The endpoint serving `key` now (cluster: by slot, refreshed after MOVED / TRYAGAIN).
+   *  Never takes longer than `deadlineMs` (the caller's time left; absent: no limit of the
+   *  caller's) nor than CONNECT_DEADLINE_MS (2000 ms) in any case: an ioredis Cluster that has
+   *  not connected yet is connected (its `connect()`) and its slots refreshed within that
+   *  bound, else this rejects with ReplyTimeoutError naming the cluster. A standalone target
+   *  answers at once. */
+  endpointFor(key: string, deadlineMs?: number): Promise<Endpoint>;
+  /** After a MOVED/ASK/TRYAGAIN/CLUSTERDOWN reply: refresh routing (a MOVED's new node is
+   *  used at once). Bounded like {@link endpointFor}: by `deadlineMs` and by
+   *  CONNECT_DEADLINE_MS; on expiry rejects with ReplyTimeoutError naming the cluster (what a
+   *  MOVED said is kept). */
+  rerouted(key: string, err: ServerReplyError, deadlineMs?: number): Promise<void>;
   readonly isCluster: boolean;
   /** The user's client object (reported in ExecutionStats votes, as redlock does). */
   readonly client: unknown;
