@@ -55,7 +55,12 @@ export interface Endpoint {
    *  watcher turns tracking on there). Returns a function that removes the hook. (Added.) */
   onCommandOpen(hook: (conn: Conn) => Promise<void>): () => void;
   /** A connection for one wait: from the idle pool or new; FIFO-gated by maxWaitConnections.
-   *  Rejects with the signal's reason (or an AbortError) when `signal` fires while queued. */
+   *  Handed over in call order (per endpoint), at most one per turn of the event loop, so
+   *  waits sent as soon as their connection is handed over reach the server's queue in call
+   *  order; new connections still open in parallel, and a request that fails or is aborted
+   *  holds up no later one. Rejects with the signal's reason (or an AbortError) when `signal`
+   *  fires while queued for a place; with ReplyTimeoutError when it fires while connecting, or
+   *  while the connection is ready and waits for an earlier request (it goes back unused). */
   acquireWaitConn(signal?: AbortSignal): Promise<Conn>;
   /** A finished wait's connection: kept idle (at most maxIdleConnections) or closed. Never call
    *  with a conn that carries a bound hold (keep it) or whose wait was cut short (destroy it
