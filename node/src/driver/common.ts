@@ -313,9 +313,9 @@ export class PooledEndpoint implements Endpoint {
    * has settled (resolved, or rejected: failed or aborted), and at most one is handed over
    * per turn of the event loop (so a client that writes on a later tick, node-redis v4, still
    * writes them a turn apart). A request that fails or is aborted rejects at once and holds up
-   * no one. When `signal` fires while its connection is ready but
-   * an earlier request is still connecting, the connection goes back to the pool unused and the
-   * request rejects with ReplyTimeoutError (the hold-up is a slow connect, not a full pool).
+   * no one. When `signal` fires while its connection is ready but an earlier request is still
+   * connecting, the connection goes back to the pool unused and the request rejects with
+   * ReplyTimeoutError (the hold-up is a slow connect, not a full pool).
    */
   acquireWaitConn(signal?: AbortSignal): Promise<Conn> {
     if (this.closing) return Promise.reject(new ConnectionLostError(`the connections to ${this.name} are closed`));
