@@ -5,10 +5,24 @@
  * Buffers (`callBuffer` + `stringNumbers`), no reconnect, no offline queue, no resend.
  * @internal
  */
-import { CONNECT_DEADLINE_MS, CloseNotifier, PooledEndpoint, StandaloneTarget, connectWithin, hasClassName, mapError, normaliseTagged, withDeadline, type ConnFactory } from "./common.js";
+import {
+  CONNECT_DEADLINE_MS,
+  CloseNotifier,
+  PooledEndpoint,
+  StandaloneTarget,
+  connectWithin,
+  hasClassName,
+  mapError,
+  normaliseTagged,
+  routingLimit,
+  withDeadline,
+  within,
+  type ConnFactory,
+} from "./common.js";
 import { slotOf } from "./slot.js";
 import {
   ConnectionLostError,
+  ReplyTimeoutError,
   ServerReplyError,
   type Arg,
   type Conn,
@@ -209,11 +223,30 @@ export class IoredisClusterTarget implements Target {
   private readonly endpoints = new Map<string, PooledEndpoint>();
   /** Slots learnt from MOVED replies, ahead of the cluster's own refresh. */
   private readonly moved = new Map<number, string>();
+  /** Our call of the user's `connect()` while it runs (a lazyConnect cluster not connected yet). */
+  private connecting: Promise<void> | null = null;
   private closed = false;
   constructor(
     readonly client: IoredisClusterLike,
     private readonly opts: Required<TargetOptions>,
   ) {}
+
+  /** "the ioredis Cluster (startup nodes a:1, b:2)", for error messages. */
+  private describe(): string {
+    const raw = (this.client as unknown as Record<string, unknown>)["startupNodes"];
+    const names: string[] = [];
+    if (Array.isArray(raw)) {
+      for (const n of raw as unknown[]) {
+        if (typeof n === "string" || typeof n === "number") names.push(String(n));
+        else if (n !== null && typeof n === "object") {
+          const o = n as { host?: unknown; port?: unknown };
+          names.push(`${typeof o.host === "string" ? o.host : "localhost"}:${typeof o.port === "number" || typeof o.port === "string" ? String(o.port) : "6379"}`);
+        }
+      }
+    }
+    if (names.length === 0) for (const n of this.client.nodes("all")) names.push(ioredisServerName(n.options));
+    return names.length > 0 ? `the ioredis Cluster (startup nodes ${names.join(", ")})` : "the ioredis Cluster";
+  }
 
   private refresh(): Promise<void> {
     return new Promise<void>((resolve) => {
@@ -229,30 +262,66 @@ export class IoredisClusterTarget implements Target {
     return this.moved.get(slot) ?? this.client.slots[slot]?.[0];
   }
 
-  async endpointFor(key: string): Promise<Endpoint> {
+  /** The endpoint of the node serving `slot` if the cluster knows it now (opened on first use). */
+  private known(slot: number): PooledEndpoint | undefined {
+    const node = this.nodeOf(slot);
+    if (node === undefined) return undefined;
+    const existing = this.endpoints.get(node);
+    if (existing) return existing;
+    const base = this.client.nodes("master").find((n) => ioredisServerName(n.options) === node) ??
+      this.client.nodes("all").find((n) => ioredisServerName(n.options) === node);
+    if (!base) return undefined;
+    const ep = new PooledEndpoint(new IoredisFactory(base), this.opts.maxWaitConnections, this.opts.maxIdleConnections);
+    this.endpoints.set(node, ep);
+    return ep;
+  }
+
+  async endpointFor(key: string, deadlineMs?: number): Promise<Endpoint> {
     if (this.closed) throw new ConnectionLostError("the cluster's connections are closed");
     const slot = slotOf(key);
-    if (this.client.status === "wait") await this.client.connect().catch(() => undefined);
-    for (let attempt = 0; attempt < 50; attempt++) {
-      const node = this.nodeOf(slot);
-      if (node !== undefined) {
-        const existing = this.endpoints.get(node);
-        if (existing) return existing;
-        const base = this.client.nodes("master").find((n) => ioredisServerName(n.options) === node) ??
-          this.client.nodes("all").find((n) => ioredisServerName(n.options) === node);
-        if (base) {
-          const ep = new PooledEndpoint(new IoredisFactory(base), this.opts.maxWaitConnections, this.opts.maxIdleConnections);
-          this.endpoints.set(node, ep);
-          return ep;
-        }
-      }
+    const ready = this.known(slot);
+    if (ready) return ready;
+    const limit = routingLimit(deadlineMs);
+    const stop = { expired: false };
+    return within(
+      this.locate(slot, key, stop),
+      limit,
+      () =>
+        new ReplyTimeoutError(
+          `${this.describe()} did not say which node serves slot ${slot} (key ${JSON.stringify(key)}) within ${limit} ms: ` +
+            `its nodes may be paused, overloaded or unreachable, or the cluster still connecting or without a master for the slot`,
+        ),
+      () => {
+        stop.expired = true;
+      },
+    );
+  }
+
+  /** Connects a cluster not connected yet, then refreshes its slots until `slot` has a node;
+   *  stops when `stop.expired` (the caller's time is up). */
+  private async locate(slot: number, key: string, stop: { expired: boolean }): Promise<Endpoint> {
+    if (this.client.status === "wait" && this.connecting === null) {
+      const connecting = this.client.connect().then(
+        () => undefined,
+        () => undefined,
+      );
+      this.connecting = connecting;
+      void connecting.then(() => {
+        if (this.connecting === connecting) this.connecting = null;
+      });
+    }
+    if (this.connecting) await this.connecting;
+    for (let attempt = 0; attempt < 50 && !stop.expired; attempt++) {
+      if (this.closed) throw new ConnectionLostError("the cluster's connections are closed");
+      const ep = this.known(slot);
+      if (ep) return ep;
       await this.refresh();
-      if (attempt > 0) await sleep(Math.min(100, 10 * attempt));
+      if (attempt > 0 && !stop.expired) await sleep(Math.min(100, 10 * attempt));
     }
     throw new ConnectionLostError(`no cluster node known for slot ${slot} (key ${JSON.stringify(key)})`);
   }
 
-  async rerouted(key: string, err: ServerReplyError): Promise<void> {
+  async rerouted(key: string, err: ServerReplyError, deadlineMs?: number): Promise<void> {
     const slot = slotOf(key);
     if (err.code === "MOVED") {
       const parts = err.message.split(" ");
@@ -261,7 +330,12 @@ export class IoredisClusterTarget implements Target {
     } else {
       this.moved.delete(slot);
     }
-    await this.refresh();
+    const limit = routingLimit(deadlineMs);
+    await within(
+      this.refresh(),
+      limit,
+      () => new ReplyTimeoutError(`${this.describe()} did not refresh its slots within ${limit} ms after ${err.code} for slot ${slot} (key ${JSON.stringify(key)}): its nodes may be paused, overloaded or unreachable`),
+    );
     // The cluster's own table is trusted again once it agrees with what MOVED said.
     const learnt = this.moved.get(slot);
     if (learnt !== undefined && this.client.slots[slot]?.[0] === learnt) this.moved.delete(slot);

@@ -45,16 +45,17 @@ function sleep(ms: number): Promise<void> {
 
 /** Sends one short (non-blocking) command about `key` over the command connection of the
  *  endpoint serving it, following MOVED / ASK / TRYAGAIN / CLUSTERDOWN replies (routing
- *  refreshed, sent again) for up to `attempts` tries. Never use it for a blocking wait. */
+ *  refreshed, sent again) for up to `attempts` tries. `deadlineMs` bounds each send and each
+ *  routing step (Target.endpointFor / rerouted). Never use it for a blocking wait. */
 export async function sendRouted(target: Target, key: string, args: Arg[], deadlineMs?: number, attempts = 8): Promise<Reply> {
   for (let i = 1; ; i++) {
-    const ep = await target.endpointFor(key);
+    const ep = await target.endpointFor(key, deadlineMs);
     const conn = await ep.command();
     try {
       return await conn.send(args, deadlineMs);
     } catch (e) {
       if (!isRedirect(e) || i >= attempts) throw e;
-      await target.rerouted(key, e);
+      await target.rerouted(key, e, deadlineMs);
       if (e.code !== "MOVED") await sleep(Math.min(200, 10 * 2 ** (i - 1)));
     }
   }
@@ -82,7 +83,7 @@ export async function sendWaitRouted(
 ): Promise<WaitResult> {
   const attempts = opts.attempts ?? 8;
   for (let i = 1; ; i++) {
-    const endpoint = await target.endpointFor(key);
+    const endpoint = await target.endpointFor(key, opts.deadlineMs?.());
     const conn = await endpoint.acquireWaitConn(opts.signal);
     let onAbort: (() => void) | undefined;
     try {
@@ -101,7 +102,7 @@ export async function sendWaitRouted(
       if (isRedirect(e) && i < attempts) {
         // answered: the connection is in step and the wait is over; sent again where the key is
         endpoint.releaseWaitConn(conn);
-        await target.rerouted(key, e);
+        await target.rerouted(key, e, opts.deadlineMs?.());
         if (e.code !== "MOVED") await sleep(Math.min(200, 10 * 2 ** (i - 1)));
         continue;
       }

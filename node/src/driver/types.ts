@@ -55,7 +55,12 @@ export interface Endpoint {
    *  watcher turns tracking on there). Returns a function that removes the hook. (Added.) */
   onCommandOpen(hook: (conn: Conn) => Promise<void>): () => void;
   /** A connection for one wait: from the idle pool or new; FIFO-gated by maxWaitConnections.
-   *  Rejects with the signal's reason (or an AbortError) when `signal` fires while queued. */
+   *  Handed over in call order (per endpoint), at most one per turn of the event loop, so
+   *  waits sent as soon as their connection is handed over reach the server's queue in call
+   *  order; new connections still open in parallel, and a request that fails or is aborted
+   *  holds up no later one. Rejects with the signal's reason (or an AbortError) when `signal`
+   *  fires while queued for a place; with ReplyTimeoutError when it fires while connecting, or
+   *  while the connection is ready and waits for an earlier request (it goes back unused). */
   acquireWaitConn(signal?: AbortSignal): Promise<Conn>;
   /** A finished wait's connection: kept idle (at most maxIdleConnections) or closed. Never call
    *  with a conn that carries a bound hold (keep it) or whose wait was cut short (destroy it
@@ -72,10 +77,18 @@ export interface Endpoint {
 /** What a user handed to new Redlock(...): one standalone server or an ioredis Cluster. */
 export interface Target {
   readonly name: string;
-  /** The endpoint serving `key` now (cluster: by slot, refreshed after MOVED / TRYAGAIN). */
-  endpointFor(key: string): Promise<Endpoint>;
-  /** After a MOVED/ASK/TRYAGAIN/CLUSTERDOWN reply: refresh routing. */
-  rerouted(key: string, err: ServerReplyError): Promise<void>;
+  /** The endpoint serving `key` now (cluster: by slot, refreshed after MOVED / TRYAGAIN).
+   *  Never takes longer than `deadlineMs` (the caller's time left; absent: no limit of the
+   *  caller's) nor than CONNECT_DEADLINE_MS (2000 ms) in any case: an ioredis Cluster that has
+   *  not connected yet is connected (its `connect()`) and its slots refreshed within that
+   *  bound, else this rejects with ReplyTimeoutError naming the cluster. A standalone target
+   *  answers at once. */
+  endpointFor(key: string, deadlineMs?: number): Promise<Endpoint>;
+  /** After a MOVED/ASK/TRYAGAIN/CLUSTERDOWN reply: refresh routing (a MOVED's new node is
+   *  used at once). Bounded like {@link endpointFor}: by `deadlineMs` and by
+   *  CONNECT_DEADLINE_MS; on expiry rejects with ReplyTimeoutError naming the cluster (what a
+   *  MOVED said is kept). */
+  rerouted(key: string, err: ServerReplyError, deadlineMs?: number): Promise<void>;
   readonly isCluster: boolean;
   /** The user's client object (reported in ExecutionStats votes, as redlock does). */
   readonly client: unknown;
