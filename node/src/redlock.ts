@@ -210,8 +210,8 @@ export default class Redlock extends EventEmitter {
       return await (await withDeadline(ep.command(), deadline, ep.name)).send(args, deadline);
     } catch (e) {
       if (e instanceof ServerReplyError && ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"].includes(e.code)) {
-        await t.rerouted(key, e);
-        const again = await t.endpointFor(key);
+        await t.rerouted(key, e, deadline);
+        const again = await t.endpointFor(key, deadline);
         return (await withDeadline(again.command(), deadline, again.name)).send(args, deadline);
       }
       throw e;
@@ -221,7 +221,7 @@ export default class Redlock extends EventEmitter {
   private async shortOutcome(t: Target, key: string, args: Arg[], deadline: number, read: (r: Reply | Error) => Outcome, conn?: Conn): Promise<Outcome> {
     try {
       if (conn) return read(await conn.send(args, deadline));
-      const ep = await t.endpointFor(key);
+      const ep = await t.endpointFor(key, deadline);
       return read(await this.short(t, ep, key, args, deadline));
     } catch (e) {
       return read(e instanceof Error ? e : new Error(String(e)));
@@ -300,8 +300,15 @@ export default class Redlock extends EventEmitter {
     if (!keep) ep.releaseWaitConn(conn);
     if (outcome.kind === "redirect" && !rerouted) {
       // Not queued there: ask where the key lives now (once).
-      await t.rerouted(key, new ServerReplyError(outcome.text));
-      const again = await t.endpointFor(key);
+      const left = wait === Infinity ? undefined : Math.max(1, Math.ceil(wait - (now() - t0)));
+      let again: Endpoint;
+      try {
+        await t.rerouted(key, new ServerReplyError(outcome.text), left);
+        again = await t.endpointFor(key, left);
+      } catch (e) {
+        // Where the key lives now could not be learnt in time: this server's answer stands.
+        return errorOutcome(e);
+      }
       if (keep && again !== ep) return outcome;
       return this.waitOn(t, again, key, owner, build, wait === Infinity ? Infinity : Math.max(1, wait - (now() - t0)), signal, bound ?? (keep ? conn : undefined), keep, true);
     }
@@ -392,7 +399,14 @@ export default class Redlock extends EventEmitter {
         if (left === undefined && !spec.bind) {
           o = await this.shortOutcome(t, key, args, deadline, acquireOutcome);
         } else {
-          const ep = await t.endpointFor(key);
+          let ep: Endpoint;
+          try {
+            ep = await t.endpointFor(key, left === undefined ? deadline : Math.max(1, Math.ceil(left)));
+          } catch (e) {
+            // Where the key lives could not be learnt in time: no answer from that server.
+            step = m.replied(errorOutcome(e), now());
+            continue;
+          }
           if (bound && boundEp !== ep) throw new InvalidRequestError("bind: every resource must live on one server node");
           if (left === undefined) {
             // A bound acquire without a wait: on the connection the hold is bound to.
@@ -428,7 +442,7 @@ export default class Redlock extends EventEmitter {
         const sent = now();
         let ttl: number | null | undefined;
         try {
-          const info = parseInfo(await this.short(t, await t.endpointFor(key), key, ["LOCK.INFO", key], deadline));
+          const info = parseInfo(await this.short(t, await t.endpointFor(key, deadline), key, ["LOCK.INFO", key], deadline));
           ttl = info?.holders.find((h) => h.owner === owner)?.ttl ?? null;
         } catch {
           ttl = undefined; // no answer: keep the lease as counted from the reply
@@ -549,7 +563,7 @@ export default class Redlock extends EventEmitter {
         let conn: Conn | undefined = conns?.get(sc.server);
         if (conns && !conn && read === acquireOutcome) {
           try {
-            const ep = await t.endpointFor(sc.commands[0]?.[1] as string);
+            const ep = await t.endpointFor(sc.commands[0]?.[1] as string, deadline);
             conn = await ep.acquireWaitConn(signal);
             conns.set(sc.server, conn);
           } catch (e) {
