@@ -35,7 +35,7 @@ import {
   type Vote,
 } from "./core/protocol.js";
 import { parseInfo, type LockInfo } from "./core/info.js";
-import { confirmedValidUntil, type ServerAnswers, type Verdict } from "./core/lease.js";
+import { confirmedValidUntil, waitedGrantNeedsCheck, type ServerAnswers, type Verdict } from "./core/lease.js";
 import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
 import { OneServerAttempt, type OneStep } from "./core/single.js";
@@ -396,6 +396,7 @@ export default class Redlock extends EventEmitter {
       while (step.kind === "send") {
         const { key, args, wait: left, build } = step;
         let o: Outcome;
+        let grantedAfterWait: string | undefined;
         if (left === undefined && !spec.bind) {
           o = await this.shortOutcome(t, key, args, deadline, acquireOutcome);
         } else {
@@ -420,10 +421,15 @@ export default class Redlock extends EventEmitter {
               bound = c;
               boundEp = ep;
             } : undefined);
-            if (o.kind === "granted") waited.push(key);
+            if (o.kind === "granted") grantedAfterWait = key;
           }
         }
-        step = m.replied(o, now());
+        const at = now();
+        // A long wait's grant is checked against the server below (its reply may have sat
+        // unread); a short one is counted from its request, which is safe. Decided with the
+        // same time the core counts the lease with.
+        if (grantedAfterWait !== undefined && waitedGrantNeedsCheck(m.lastSent, spec.ttl, at)) waited.push(grantedAfterWait);
+        step = m.replied(o, at);
       }
     } catch (e) {
       // Cut short (the user's signal, no wait connection free): give back every resource.

@@ -19,14 +19,28 @@ export const SINGLE_SERVER_MARGIN = 2;
 /** Allowance for the transit of a waited grant's reply. */
 export const WAITED_GRANT_MARGIN = 5;
 
+/** A waited grant may be counted from its request's sending when that costs at most this share
+ *  of the ttl; a longer wait is counted from its reply and checked against the server. */
+export const WAITED_UNCHECKED_SHARE = 0.05;
+
 /**
- * The end of a single-server lease granted to a request sent at `sent`, answered at `now`.
- * Without a server-side wait the server granted after `sent`, so `sent + ttl` bounds the expiry
- * from below; a waited grant is replied the moment it happens, so it started at the reply's
- * arrival less its transit (a margin).
+ * Whether a grant that waited (request sent at `sent`, reply read at `now`) must be checked
+ * against the server: its reply may have sat unread (a busy event loop), so counting from the
+ * reply could overstate the lease; counting from the request is safe but loses the whole wait,
+ * which is accepted only while the wait is short compared with the ttl.
+ */
+export function waitedGrantNeedsCheck(sent: number, ttl: number, now: number): boolean {
+  return now - sent > ttl * WAITED_UNCHECKED_SHARE;
+}
+
+/**
+ * The end of a single-server lease granted to a request sent at `sent`, answered at `now`. The
+ * server granted after `sent`, so `sent + ttl` bounds the expiry from below. A grant that waited
+ * long (see {@link waitedGrantNeedsCheck}) is counted from its reply's arrival less its transit
+ * (a margin) instead, and the caller then checks it with {@link confirmedValidUntil}.
  */
 export function singleServerValidUntil(sent: number, waited: boolean, ttl: number, now: number): number {
-  const end = waited ? now + Math.max(0, ttl - WAITED_GRANT_MARGIN) : sent + ttl;
+  const end = waited && waitedGrantNeedsCheck(sent, ttl, now) ? now + Math.max(0, ttl - WAITED_GRANT_MARGIN) : sent + ttl;
   return Math.max(now, end - SINGLE_SERVER_MARGIN);
 }
 

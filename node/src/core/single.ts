@@ -40,6 +40,11 @@ export class OneServerAttempt {
     private readonly started: number,
   ) {}
 
+  /** When the last request was sent (its validity counts from then, or is checked). */
+  get lastSent(): number {
+    return this.sent;
+  }
+
   /** The first step. */
   start(now: number): OneStep {
     return this.next(now);
