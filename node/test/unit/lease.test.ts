@@ -1,6 +1,6 @@
 import { describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { Lease, causeFromInfo, confirmedValidUntil, drift, quorumValidUntil, singleServerValidUntil, type ServerAnswers } from "../../src/core/lease.js";
+import { Lease, causeFromInfo, confirmedValidUntil, drift, quorumValidUntil, singleServerValidUntil, waitedGrantNeedsCheck, type ServerAnswers } from "../../src/core/lease.js";
 import { acquireOutcome, type Outcome } from "../../src/core/protocol.js";
 import { ServerReplyError } from "../../src/driver/types.js";
 import { parseInfo } from "../../src/core/info.js";
@@ -123,5 +123,22 @@ describe("a waited grant checked against the server", () => {
       }
     }
     assert.equal(confirmedValidUntil(5000, 0, null, 1), null, "the owner does not hold it: nothing");
+  });
+});
+
+describe("a waited grant's lease on one server", () => {
+  it("counts from the request while the wait is short; after a long wait it asks for a check", () => {
+    const r = rng(SEED);
+    for (let i = 0; i < 500; i++) {
+      const ttl = 100 + Math.floor(r.next() * 20_000);
+      const sent = r.next() * 1000;
+      const now = sent + r.next() * ttl * 0.1;
+      const v = singleServerValidUntil(sent, true, ttl, now);
+      if (!waitedGrantNeedsCheck(sent, ttl, now)) {
+        assert.equal(v, Math.max(now, sent + ttl - 2), "short wait: from the request, never later than the server's expiry");
+      } else {
+        assert.ok(now - sent > ttl * 0.05);
+      }
+    }
   });
 });
