@@ -115,7 +115,11 @@ describe("waits started in one tick reach the server's queue in call order", () 
   }
   const callOrder = Array.from({ length: WAITERS }, (_, i) => i);
 
-  for (const kind of CLIENT_KINDS) {
+  // node-redis v4 writes a command on a later turn of the event loop than the one it is sent
+  // on, and how much later varies: the package's one-hand-out-per-turn pacing keeps its waits in
+  // order most of the time but not always (a CI run on Valkey and Node 18 saw one out of 16
+  // misplaced). Call order is promised for ioredis and node-redis v5 only (docs/node.md).
+  for (const kind of CLIENT_KINDS.filter((k) => k !== "node-redis4")) {
     describe(`through the driver over ${kind}`, () => {
       let target: Target;
       before(async () => {
