@@ -5,7 +5,7 @@
  */
 import type { Conn } from "./driver/types.js";
 import { InvalidRequestError, LockLostError, type ExecutionStats } from "./errors.js";
-import { Lease, type Loss } from "./core/lease.js";
+import { Lease, quorumOf, type Loss } from "./core/lease.js";
 import type { AcquireSpec } from "./core/protocol.js";
 import { maxToken } from "./core/token.js";
 import type { WatchHandle } from "./watcher.js";
@@ -43,7 +43,7 @@ export class Hold {
     validUntil: number,
     driftFactor: number,
   ) {
-    this.lease = new Lease(resources, spec.ttl, Math.floor(servers.length / 2) + 1, validUntil, driftFactor);
+    this.lease = new Lease(resources, spec.ttl, quorumOf(servers.length), validUntil, driftFactor);
   }
 
   get lost(): LockLostError | null {

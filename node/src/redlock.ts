@@ -35,7 +35,7 @@ import {
   type Vote,
 } from "./core/protocol.js";
 import { parseInfo, type LockInfo } from "./core/info.js";
-import { confirmedValidUntil, waitedGrantNeedsCheck, type ServerAnswers, type Verdict } from "./core/lease.js";
+import { confirmedValidUntil, quorumOf, waitedGrantNeedsCheck, type ServerAnswers, type Verdict } from "./core/lease.js";
 import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
 import { OneServerAttempt, type OneStep } from "./core/single.js";
@@ -319,7 +319,7 @@ export default class Redlock extends EventEmitter {
     const clients = [...this.clients];
     const s: ExecutionStats = {
       membershipSize: clients.length,
-      quorumSize: Math.floor(clients.length / 2) + 1,
+      quorumSize: quorumOf(clients.length),
       votesFor: new Set(),
       votesAgainst: new Map(),
     };
@@ -677,7 +677,7 @@ export default class Redlock extends EventEmitter {
     }
     if (!hold) {
       const votes = answers.map((a) => vote(a, resources.length));
-      if (votes.filter((v) => v.kind === "for").length >= Math.floor(this.targets.length / 2) + 1) return { attempts };
+      if (votes.filter((v) => v.kind === "for").length >= quorumOf(this.targets.length)) return { attempts };
       throw new ExecutionError(QUORUM_MESSAGE, attempts);
     }
     const v = hold.lease.releasedWith(answers, closed, now());
@@ -731,7 +731,7 @@ export default class Redlock extends EventEmitter {
     const attempts = [Promise.resolve(this.answersStats(answers, resources.length))];
     if (!hold) {
       const votes = answers.map((a) => vote(a, resources.length));
-      if (votes.filter((v) => v.kind === "for").length < Math.floor(this.targets.length / 2) + 1) throw new ExecutionError(QUORUM_MESSAGE, attempts);
+      if (votes.filter((v) => v.kind === "for").length < quorumOf(this.targets.length)) throw new ExecutionError(QUORUM_MESSAGE, attempts);
       existing.expiration = 0;
       return new Lock(this, existing.resources, existing.value, attempts, Date.now() + duration - (Math.round(this.settings.driftFactor * duration) + 2));
     }

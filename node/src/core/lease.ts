@@ -19,6 +19,11 @@ export const SINGLE_SERVER_MARGIN = 2;
 /** Allowance for the transit of a waited grant's reply. */
 export const WAITED_GRANT_MARGIN = 5;
 
+/** How many of `n` servers make a majority (Redlock's quorum). */
+export function quorumOf(n: number): number {
+  return Math.floor(n / 2) + 1;
+}
+
 /** A waited grant may be counted from its request's sending when that costs at most this share
  *  of the ttl; a longer wait is counted from its reply and checked against the server. */
 export const WAITED_UNCHECKED_SHARE = 0.05;

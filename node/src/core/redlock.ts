@@ -16,7 +16,7 @@
  * @internal
  */
 import { acquireArgs, classify, isFinal, releaseArgs, vote, type AcquireSpec, type Failure, type Outcome, type Vote } from "./protocol.js";
-import { quorumValidUntil } from "./lease.js";
+import { quorumOf, quorumValidUntil } from "./lease.js";
 
 /** The longest server-side wait of one queue slice, in ms. */
 export const QUEUE_SLICE = 1000;
@@ -128,7 +128,7 @@ export class RedlockAttempts {
 
   constructor(private readonly req: RedlockRequest, now: number) {
     this.owner = req.owner;
-    this.quorum = Math.floor(req.n / 2) + 1;
+    this.quorum = quorumOf(req.n);
     const w = req.wait ?? 0;
     this.giveUp = w === Infinity ? Infinity : now + Math.max(0, w);
     this.random = req.random ?? Math.random;
