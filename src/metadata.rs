@@ -198,7 +198,8 @@ pub const QUEUES: CommandDoc = CommandDoc {
     access: KeyAccess::None,
     summary: "Lists this server's lock queues, ranked by their longest-waiting client's wait \
                   (BY AGE, the default) or by their length (BY LENGTH): [key, db, waiting, \
-                  oldest wait ms] each, at most COUNT (default 10, at most 1000).",
+                  oldest wait ms, holders, [[owner, held ms], ...]] each (up to 10 holders \
+                  named), at most COUNT (default 10, at most 1000).",
     complexity: "O(W + C log C) where W is the number of keys with waiters and C the count; \
                  keys without waiters cost nothing",
     since: SINCE,
@@ -227,6 +228,14 @@ pub const QUEUES: CommandDoc = CommandDoc {
 mod tests {
     use super::*;
 
+    /// Every version this module has reported, oldest first, with the RDB encoding version of
+    /// lock keys it writes (a build reads every encoding up to its own). The module version
+    /// changes with every release and with every encoding change, so an operator can tell from
+    /// `MODULE LIST` or `INFO lock` which files a build can load (docs/operations.md, "Upgrading
+    /// and removing the module", shows this table; a test keeps the two and the build in step).
+    /// Builds before 0.3.0 all reported 100 whether they wrote encoding 1 or 2.
+    const RELEASES: &[(&str, i32)] = &[("0.1.0", 2), ("0.3.0", 3)];
+
     #[test]
     fn module_version_follows_the_crate_version() {
         assert_eq!(encode_version(0, 1, 0), 100);
@@ -237,5 +246,50 @@ mod tests {
             .map(|p| p.parse::<i32>().expect("numeric version"))
             .fold(0, |acc, p| acc * 100 + p);
         assert_eq!(MODULE_VERSION, expected);
+    }
+
+    /// An encoding change needs a new version: this build is the table's last row, versions
+    /// rise, and no two rows with the same encoding are needed (a release that keeps the
+    /// encoding may share it, but a changed encoding is never listed under an old version).
+    #[test]
+    fn every_encoding_change_comes_with_a_new_module_version() {
+        let (last_version, last_encoding) = RELEASES[RELEASES.len() - 1];
+        assert_eq!(
+            last_version,
+            env!("CARGO_PKG_VERSION"),
+            "add this version to RELEASES"
+        );
+        assert_eq!(
+            last_encoding,
+            redis_lock_core::stored::ENCODING_VERSION,
+            "the encoding changed: bump the crate version and add a row to RELEASES"
+        );
+        for pair in RELEASES.windows(2) {
+            assert!(
+                numeric_version(pair[0].0) < numeric_version(pair[1].0),
+                "{pair:?}"
+            );
+            assert!(pair[0].1 <= pair[1].1, "{pair:?}");
+        }
+    }
+
+    /// docs/operations.md lists every release with its module version and encoding, and
+    /// the encodings each reads.
+    #[test]
+    fn the_upgrade_docs_list_every_release() {
+        let docs = include_str!("../docs/operations.md");
+        for (version, encoding) in RELEASES {
+            let row = format!(
+                "| {version} | {} | {encoding} | 1 to {encoding} |",
+                numeric_version(version)
+            );
+            assert!(docs.contains(&row), "docs/operations.md lacks the row {row}");
+        }
+    }
+
+    fn numeric_version(v: &str) -> i32 {
+        v.split('.')
+            .map(|p| p.parse::<i32>().expect("numeric version"))
+            .fold(0, |acc, p| acc * 100 + p)
     }
 }

@@ -293,5 +293,15 @@ impl InfoSource for InfoFields {
         });
         // Waiters answered TRYAGAIN because MIGRATE (cluster resharding) moved their key away.
         add("migrated_waiters_total", crate::state::migrated_waiters());
+        // What this build is and writes, for upgrade and rollback checks (docs/operations.md):
+        // the version MODULE LIST shows, and the RDB encoding version of lock keys it writes.
+        add(
+            "module_version",
+            u64::try_from(crate::metadata::MODULE_VERSION).unwrap_or(0),
+        );
+        add(
+            "encoding_version",
+            u64::try_from(redis_lock_core::stored::ENCODING_VERSION).unwrap_or(0),
+        );
     }
 }

@@ -557,26 +557,48 @@ fn a_corrupt_lock_payload_is_refused_cleanly() {
         .query::<()>(&mut c)
         .unwrap();
 
-    // Layout: type byte, 0x81 + 8-byte module id whose low 10 bits are the encoding version.
+    // Layout: type byte, 0x81 + 8-byte module id whose low 10 bits are the encoding version
+    // (the id is big-endian, so its last byte is the version while that is below 256).
     assert_eq!(good[1], 0x81, "64-bit module id expected");
-    assert_eq!(good[9] & 0x03, 2, "encoding version 2");
+    assert_eq!(good[9], 3, "encoding version 3");
     let mut wrong_version = good.clone();
-    wrong_version[9] = (wrong_version[9] & 0xfc) | 0x03;
+    wrong_version[9] = 4;
 
-    // Encoding version 1 (before BIND, LOCKDELAY and semaphores) still loads: the same value
-    // without the holder's `bound`, `lock_delay` and `capacity` and the key's `delay_until`,
-    // each an unsigned 0 (opcode 2, length byte 0), just before the EOF opcode, the RDB version
+    // The value ends with the holder's `bound`, `lock_delay`, `capacity` (unsigned 0 each:
+    // opcode 2, length byte 0) and `granted_at` (a Unix ms time: opcode 2, then 0x81 and 8
+    // bytes), then the key's `delay_until` (0), just before the EOF opcode, the RDB version
     // (2 bytes) and the CRC.
     let eof = good.len() - 8 - 2 - 1;
     assert_eq!(good[eof], 0, "module value EOF opcode");
     assert_eq!(
-        good[eof - 8..eof],
-        [2, 0, 2, 0, 2, 0, 2, 0],
-        "version 2 tail"
+        good[eof - 18..eof - 10],
+        [2, 0, 2, 0, 2, 0, 2, 0x81],
+        "version 3 tail"
     );
-    let mut version_1 = good.clone();
-    version_1.drain(eof - 8..eof);
-    version_1[9] = (version_1[9] & 0xfc) | 0x01;
+    assert_eq!(good[eof - 2..eof], [2, 0], "no lock-delay");
+    // Encoding version 2 (before hold starts were kept) still loads: the same value without
+    // `granted_at`. Its hold's start is unknown: LOCK.INFO's `held` is -1.
+    let mut version_2 = good.clone();
+    version_2.drain(eof - 12..eof - 2);
+    version_2[9] = 2;
+    redis::cmd("RESTORE")
+        .arg("v2")
+        .arg(0)
+        .arg(reseal(version_2.clone()))
+        .query::<()>(&mut c)
+        .expect("a version 2 value loads");
+    let v2 = holder_entries(&mut c, "v2");
+    assert_eq!((v2[0].0.as_str(), v2[0].1, v2[0].3), ("o", 1, -1), "{v2:?}");
+    // The current encoding keeps it.
+    let src = holder_entries(&mut c, "ok");
+    assert!(src[0].3 >= 0, "{src:?}");
+
+    // Encoding version 1 (before BIND, LOCKDELAY and semaphores) still loads: version 2
+    // without the holder's `bound`, `lock_delay` and `capacity` and the key's `delay_until`.
+    let eof_2 = eof - 10;
+    let mut version_1 = version_2;
+    version_1.drain(eof_2 - 8..eof_2);
+    version_1[9] = 1;
     redis::cmd("RESTORE")
         .arg("v1")
         .arg(0)

@@ -256,7 +256,7 @@ fn mutated_dumps_of_every_shape_are_refused_or_work_with_every_command() {
         })
         .collect();
     for (name, d) in &parsed {
-        assert_eq!(d.encoding_version(), 2, "{name}");
+        assert_eq!(d.encoding_version(), 3, "{name}");
         assert_eq!(ModuleDump::parse(&d.payload()).as_ref(), Some(d), "{name}");
         restore(&mut c, &format!("{name}:again"), &d.payload())
             .unwrap_or_else(|e| panic!("{name} rebuilt: {e:?}"));

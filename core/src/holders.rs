@@ -41,6 +41,13 @@ impl Holder {
             Mode::Read | Mode::Permit => self.expires_at,
         }
     }
+
+    /// How long this hold has been held at `now` (ms since it began; a re-entry or an extend
+    /// does not restart it), or `None` when its start is unknown (see [`Holder::granted_at`]).
+    /// A start after `now` (the wall clock stepped back) counts as 0.
+    pub fn held_ms(&self, now: Millis) -> Option<Millis> {
+        (self.granted_at != 0).then(|| now.saturating_sub(self.granted_at))
+    }
 }
 
 /// [`HoldOptions`] in 8 bytes: a hold without options (nearly all of them) allocates nothing,
@@ -209,6 +216,21 @@ impl HolderSet {
             Repr::One(o, h) => Box::new(std::iter::once((o.get(), h))),
             Repr::Many(m) => Box::new(m.iter()),
         }
+    }
+
+    /// At most `max` holders whose lease has not passed at `now`, sorted by owner bytes,
+    /// chosen among the first `looks` holders in storage order: naming a few holders of a lock
+    /// with 100,000 readers must not walk all of them (LOCK.QUEUES). A holder whose lease has
+    /// passed but whose removal has not run yet is not named.
+    pub fn some_live(&self, now: Millis, max: usize, looks: usize) -> Vec<(&[u8], &Holder)> {
+        let mut some: Vec<_> = self
+            .iter()
+            .take(looks)
+            .filter(|(_, h)| h.expires_at > now)
+            .take(max)
+            .collect();
+        some.sort_by(|a, b| a.0.cmp(b.0));
+        some
     }
 
     /// Adds a new holder (ending any lock-delay); the caller has checked that `owner` holds

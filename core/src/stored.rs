@@ -8,21 +8,23 @@
 //! outside the returned [`Decoded`] is touched, so a value that is refused half-way changed
 //! nothing (the caller raises the fencing counter only once the whole value is accepted).
 //!
-//! Encoding, version 2 (waiters are connections and are never stored): `fence` (unsigned),
+//! Encoding, version 3 (waiters are connections and are never stored): `fence` (unsigned),
 //! `holder count` (unsigned), then per holder `owner` (string), `mode` (unsigned: 0 write, 1
 //! read, 2 semaphore permit), `count`, `expires_at` (absolute Unix ms), `token`, `bound` (0, or
-//! 1 followed by the connection id), `lock_delay`, `capacity` (the semaphore's, 0 for a lock);
-//! then `delay_until` (the pending lock-delay's end, absolute Unix ms, 0 for none).
-//! Version 1, written before BIND, LOCKDELAY and semaphores, is version 2 without the
-//! per-holder `bound`, `lock_delay` and `capacity` and without `delay_until`, modes 0 and 1
-//! only; it is still read.
+//! 1 followed by the connection id), `lock_delay`, `capacity` (the semaphore's, 0 for a lock),
+//! `granted_at` (when the hold began, absolute Unix ms, 0 when unknown); then `delay_until`
+//! (the pending lock-delay's end, absolute Unix ms, 0 for none).
+//! Version 2 (module version 0.1.0 and 0.2.x) is version 3 without `granted_at`: its holds
+//! load with their start unknown. Version 1, written before BIND, LOCKDELAY and semaphores, is
+//! version 2 without the per-holder `bound`, `lock_delay` and `capacity` and without
+//! `delay_until`, modes 0 and 1 only. Both are still read.
 //!
 //! What a value must satisfy to be accepted (anything else is refused with the reason):
 //! the fence at most [`MAX_TOKEN`]; every holder as [`check_holder`] wants it (owner of 1 to
 //! [`MAX_OWNER_LEN`] bytes, count 1 to [`crate::MAX_COUNT`], token 1 to [`MAX_TOKEN`], expiry
 //! at most [`MAX_INSTANT`], a lock-delay of at most [`crate::MAX_DURATION`] and on an exclusive
 //! hold only, a capacity 1 to [`crate::MAX_CAPACITY`] covering its count on a permit and 0 on a
-//! lock hold); its token at most the fence; owners unique; no writer beside another holder,
+//! lock hold, a start at most [`MAX_INSTANT`]); its token at most the fence; owners unique; no writer beside another holder,
 //! permits only beside permits of the same capacity and never more than it
 //! ([`Lock::check_restorable`]); a pending lock-delay only while nobody holds the lock and
 //! ending by [`MAX_INSTANT`].
@@ -33,7 +35,7 @@ use crate::{
 };
 
 /// The newest encoding version, the one written.
-pub const ENCODING_VERSION: i32 = 2;
+pub const ENCODING_VERSION: i32 = 3;
 
 /// Where stored fields are read from, one at a time.
 pub trait FieldSource {
@@ -86,6 +88,7 @@ pub fn encode(sink: &mut impl FieldSink, lock: &Lock) {
         }
         sink.unsigned(options.lock_delay);
         sink.unsigned(u64::from(h.capacity));
+        sink.unsigned(h.granted_at);
     }
     sink.unsigned(lock.delay_until());
 }
@@ -122,6 +125,7 @@ pub fn decode_with(
         ));
     }
     let with_options = encver >= 2;
+    let with_start = encver >= 3;
     let fence = source.unsigned()?;
     if fence > MAX_TOKEN {
         return Err("fence out of range".into());
@@ -156,6 +160,12 @@ pub fn decode_with(
             options.lock_delay = source.unsigned()?;
             capacity = u32::try_from(source.unsigned()?).map_err(|_| "capacity out of range")?;
         }
+        // The start is not compared with the expiry: a wall clock stepped back between a grant
+        // and an extend leaves a start after the expiry, which is harmless (ages saturate at 0).
+        let granted_at: Millis = if with_start { source.unsigned()? } else { 0 };
+        if granted_at > MAX_INSTANT {
+            return Err("hold start out of range".into());
+        }
         if lock.holders().get(&owner).is_some() {
             return Err("duplicate owner".into());
         }
@@ -165,7 +175,7 @@ pub fn decode_with(
             count,
             expires_at,
             token,
-            granted_at: 0,
+            granted_at,
             options: PackedOptions::new(options),
         };
         check_holder(&owner, &holder).map_err(|e| e.message().to_string())?;
@@ -273,7 +283,7 @@ mod tests {
         Ok(d.lock)
     }
 
-    /// Fields of one holder in version 2, in order.
+    /// Fields of one holder in version 3, in order (version 2 leaves out `granted_at`).
     struct H<'a> {
         owner: &'a [u8],
         mode: u64,
@@ -283,6 +293,7 @@ mod tests {
         bound: Option<u64>,
         lock_delay: u64,
         capacity: u64,
+        granted_at: u64,
     }
 
     fn h(owner: &[u8], mode: u64, token: u64) -> H<'_> {
@@ -295,10 +306,19 @@ mod tests {
             bound: None,
             lock_delay: 0,
             capacity: if mode == 2 { 3 } else { 0 },
+            granted_at: 1_999_999_000_000,
         }
     }
 
     fn v2(fence: u64, holders: &[H<'_>], delay_until: u64) -> Vec<u8> {
+        written(2, fence, holders, delay_until)
+    }
+
+    fn v3(fence: u64, holders: &[H<'_>], delay_until: u64) -> Vec<u8> {
+        written(3, fence, holders, delay_until)
+    }
+
+    fn written(encver: i32, fence: u64, holders: &[H<'_>], delay_until: u64) -> Vec<u8> {
         let mut s = ByteSink::default();
         s.unsigned(fence);
         s.unsigned(holders.len() as u64);
@@ -317,9 +337,35 @@ mod tests {
             }
             s.unsigned(x.lock_delay);
             s.unsigned(x.capacity);
+            if encver >= 3 {
+                s.unsigned(x.granted_at);
+            }
         }
         s.unsigned(delay_until);
         s.bytes
+    }
+
+    /// Version 3 keeps when each hold began; a version 2 value loads with the start unknown.
+    #[test]
+    fn a_hold_keeps_its_start_from_version_3_on() {
+        let held = |bytes: &[u8], encver: i32| {
+            let d = decode(&mut ByteSource::new(bytes), encver).unwrap();
+            let (_, holder) = d.lock.holders().iter().next().unwrap();
+            holder.granted_at
+        };
+        assert_eq!(held(&v3(5, &[h(b"w", 0, 5)], 0), 3), 1_999_999_000_000);
+        assert_eq!(held(&v2(5, &[h(b"w", 0, 5)], 0), 2), 0);
+        // Unknown stays unknown, and a start after the expiry (a clock stepped back) loads.
+        let unknown = H {
+            granted_at: 0,
+            ..h(b"w", 0, 5)
+        };
+        assert_eq!(held(&v3(5, &[unknown], 0), 3), 0);
+        let late = H {
+            granted_at: 2_000_000_000_001,
+            ..h(b"w", 0, 5)
+        };
+        assert_eq!(held(&v3(5, &[late], 0), 3), 2_000_000_000_001);
     }
 
     #[test]
@@ -429,9 +475,12 @@ mod tests {
                 0,
             ),
         ];
-        for bytes in ok {
-            decode_bytes(&bytes, 2).unwrap();
+        for bytes in &ok {
+            decode_bytes(bytes, 2).unwrap();
         }
+        // The same shapes in version 3.
+        assert!(decode_bytes(&v3(5, &[h(b"w", 0, 5)], 0), 3).is_ok());
+        assert!(decode_bytes(&v3(3, &[], 2_000_000_000_000), 3).is_ok());
     }
 
     #[test]
@@ -615,7 +664,14 @@ mod tests {
         for (name, bytes) in bad {
             assert!(decode_bytes(&bytes, 2).is_err(), "{name} was accepted");
         }
+        let late = H {
+            granted_at: MAX_INSTANT + 1,
+            ..h(b"w", 0, 4)
+        };
+        assert!(decode_bytes(&v3(4, &[late], 0), 3).is_err(), "start");
+        // A version 2 value read as version 3 misses its last field.
         assert!(decode_bytes(&v2(5, &[h(b"w", 0, 5)], 0), 3).is_err());
+        assert!(decode_bytes(&v3(5, &[h(b"w", 0, 5)], 0), 4).is_err());
         assert!(decode_bytes(&v2(5, &[h(b"w", 0, 5)], 0), 0).is_err());
     }
 

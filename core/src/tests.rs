@@ -1140,3 +1140,47 @@ fn a_single_plain_holder_round_trips_through_from_single() {
     delayed.request(with_delay, None, &mut step);
     assert!(delayed.single().is_none(), "options");
 }
+
+/// A hold's age counts from its first grant: a re-entry and an extend do not restart it, and
+/// a hold whose start is unknown (restored) has no age.
+#[test]
+fn hold_age_counts_from_the_first_grant() {
+    let mut b = Bench::new();
+    b.write("a");
+    b.now = 1_400;
+    b.write("a");
+    b.run(|l, s| l.extend(b"a", 10_000, s)).unwrap();
+    let held = b.lock.holders().get(b"a").unwrap().held_ms(1_900);
+    assert_eq!(held, Some(900));
+    // A clock stepped back reads as 0, never as a huge age.
+    assert_eq!(b.lock.holders().get(b"a").unwrap().held_ms(500), Some(0));
+    let unknown = Holder {
+        granted_at: 0,
+        ..b.lock.holders().get(b"a").unwrap().clone()
+    };
+    assert_eq!(unknown.held_ms(1_900), None);
+}
+
+/// Naming a few holders of a widely shared lock looks at a bounded number of them, names only
+/// live ones, and sorts the names.
+#[test]
+fn some_live_holders_are_named_within_a_budget() {
+    let mut b = Bench::new();
+    for i in (0..1000).rev() {
+        b.read(&format!("r{i:04}"));
+    }
+    let named = b.lock.holders().some_live(b.now, 10, 64);
+    assert_eq!(named.len(), 10);
+    assert!(named.windows(2).all(|w| w[0].0 < w[1].0));
+    // Only the first `looks` holders in storage order are candidates.
+    let all: Vec<&[u8]> = b.lock.holders().iter().map(|(o, _)| o).take(64).collect();
+    assert!(named.iter().all(|(o, _)| all.contains(o)));
+    // Holders whose lease has passed are not named, even before their removal runs.
+    assert!(b.lock.holders().some_live(b.now + 10_000, 10, 64).is_empty());
+    // Fewer holders than asked for: all of them.
+    let mut one = Bench::new();
+    one.write("w");
+    let named = one.lock.holders().some_live(one.now, 10, 64);
+    assert_eq!(named.len(), 1);
+    assert_eq!(named[0].0, b"w");
+}

@@ -42,10 +42,15 @@ impl Command for Info {
         let holders = holders
             .into_iter()
             .map(|(owner, h)| {
+                // [owner, count, ttl, held]: `held` (ms since the hold began, -1 when its
+                // start is unknown) came after the first three, as SPEC's version 2 allows.
                 RedisValue::Array(vec![
                     RedisValue::StringBuffer(owner.to_vec()),
                     RedisValue::Integer(i64::try_from(h.count).unwrap_or(i64::MAX)),
-                    RedisValue::Integer(i64::try_from(h.expires_at - now).unwrap_or(i64::MAX)),
+                    RedisValue::Integer(
+                        i64::try_from(h.expires_at.saturating_sub(now)).unwrap_or(i64::MAX),
+                    ),
+                    held_reply(h.held_ms(now)),
                 ])
             })
             .collect();
@@ -74,6 +79,11 @@ impl Command for Info {
             now,
         ))
     }
+}
+
+/// A hold's age as replied by LOCK.INFO and LOCK.QUEUES: ms, or -1 when its start is unknown.
+pub(super) fn held_reply(held: Option<u64>) -> RedisValue {
+    RedisValue::Integer(held.map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX)))
 }
 
 /// What LOCK.INFO shows, before it is laid out.

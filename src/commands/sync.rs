@@ -32,9 +32,14 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
     if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
         return Err(RedisError::Str(SYNC_IS_INTERNAL));
     }
-    let sync = parse_sync(rest).map_err(arg_error)?;
+    let mut sync = parse_sync(rest).map_err(arg_error)?;
     let mut lock_key = LockKey::open(ctx, key);
     lock_key.set_replicate(false);
+    // The state does not carry when the hold began (it would cost every lock command bytes
+    // of propagation): a hold this server already has keeps its start, a new one starts now,
+    // within the replication lag of the master's grant. Replayed from an AOF file, "now" is
+    // the load, so a new hold's start is then unknown.
+    let mut known_start = None;
     match (&sync.holder, lock_key.existing()?) {
         (None, None) if sync.delay_until == 0 => return Ok(RedisValue::Integer(0)),
         // A hold, or a key left with only a lock-delay.
@@ -42,12 +47,21 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
             lock_key.existing_or_new()?;
         }
         (Some(h), Some(value)) => {
+            let lock = value.view();
             // As strict as an RDB load: never a writer beside another holder.
-            if value.view().check_restorable(sync.owner, h).is_err() {
+            if lock.check_restorable(sync.owner, h).is_err() {
                 return Err(RedisError::Str(SYNC_CONFLICT));
             }
+            known_start = lock.holders().get(sync.owner).map(|held| held.granted_at);
         }
         (None, Some(_)) => {}
+    }
+    if let Some(h) = sync.holder.as_mut() {
+        h.granted_at = match known_start {
+            Some(start) => start,
+            None if flags.contains(ContextFlags::LOADING) => 0,
+            None => context::now_ms(),
+        };
     }
     // The counter is at least the fence and every token (`parse_sync` checks): observing it
     // covers them, and a counter from a pre-release build is reported when first seen.

@@ -159,6 +159,28 @@ pub fn next_events(pubsub: &mut redis::PubSub<'_>, n: usize) -> Vec<(String, Str
 
 /// `LOCK.QUEUES [args]` rows as (key, db, waiting, oldest wait ms).
 pub fn lock_queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64, i64)> {
+    queue_rows(c, args)
+        .into_iter()
+        .map(|r| (r.key, r.db, r.waiting, r.oldest_ms))
+        .collect()
+}
+
+/// One LOCK.QUEUES row in full.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueRow {
+    pub key: String,
+    pub db: i64,
+    pub waiting: i64,
+    pub oldest_ms: i64,
+    /// How many holders the key has.
+    pub holding: i64,
+    /// Up to 10 of them as (owner, ms held, -1 when unknown), sorted by owner.
+    pub holders: Vec<(String, i64)>,
+}
+
+/// `LOCK.QUEUES [args]` rows, each checked for its shape: [key, db, waiting, oldest, holding,
+/// [[owner, held], ...]].
+pub fn queue_rows(c: &mut Connection, args: &[&str]) -> Vec<QueueRow> {
     let mut words = vec!["LOCK.QUEUES"];
     words.extend_from_slice(args);
     match query(c, &words).expect("LOCK.QUEUES") {
@@ -166,8 +188,24 @@ pub fn lock_queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64, 
             .iter()
             .map(|r| match r {
                 Value::Array(p) => match &p[..] {
-                    [k, Value::Int(db), Value::Int(n), Value::Int(age)] => {
-                        (value_text(k), *db, *n, *age)
+                    [k, Value::Int(db), Value::Int(n), Value::Int(age), Value::Int(holding), Value::Array(hs)] => {
+                        QueueRow {
+                            key: value_text(k),
+                            db: *db,
+                            waiting: *n,
+                            oldest_ms: *age,
+                            holding: *holding,
+                            holders: hs
+                                .iter()
+                                .map(|h| match h {
+                                    Value::Array(pair) => match &pair[..] {
+                                        [o, Value::Int(held)] => (value_text(o), *held),
+                                        other => panic!("holder {other:?}"),
+                                    },
+                                    other => panic!("holder {other:?}"),
+                                })
+                                .collect(),
+                        }
                     }
                     other => panic!("row {other:?}"),
                 },
@@ -176,4 +214,25 @@ pub fn lock_queues(c: &mut Connection, args: &[&str]) -> Vec<(String, i64, i64, 
             .collect(),
         other => panic!("LOCK.QUEUES reply {other:?}"),
     }
+}
+
+/// Each holder of `key` as (owner, count, ttl ms, held ms or -1), from LOCK.INFO, sorted by owner.
+pub fn holder_entries(c: &mut Connection, key: &str) -> Vec<(String, i64, i64, i64)> {
+    let Some(map) = info(c, key) else {
+        return Vec::new();
+    };
+    let Some(Value::Array(hs)) = map.get("holders").cloned() else {
+        panic!("holders field missing");
+    };
+    hs.iter()
+        .map(|h| match h {
+            Value::Array(parts) => match &parts[..] {
+                [o, Value::Int(n), Value::Int(ttl), Value::Int(held)] => {
+                    (value_text(o), *n, *ttl, *held)
+                }
+                other => panic!("holder entry {other:?}"),
+            },
+            other => panic!("holder entry {other:?}"),
+        })
+        .collect()
 }
