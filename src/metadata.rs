@@ -283,7 +283,10 @@ mod tests {
                 "| {version} | {} | {encoding} | 1 to {encoding} |",
                 numeric_version(version)
             );
-            assert!(docs.contains(&row), "docs/operations.md lacks the row {row}");
+            assert!(
+                docs.contains(&row),
+                "docs/operations.md lacks the row {row}"
+            );
         }
     }
 

@@ -182,7 +182,9 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
     assert_eq!(info_field(&mut c, "module_version"), 300);
     assert_eq!(info_field(&mut c, "encoding_version"), 3);
     let modules = info_section(&mut c, "modules");
-    let line = modules.get("module").expect("INFO modules lists the module");
+    let line = modules
+        .get("module")
+        .expect("INFO modules lists the module");
     assert!(line.starts_with("name=lock,ver=300,"), "{line}");
 }
 

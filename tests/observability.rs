@@ -490,7 +490,10 @@ fn info_hold_times_cover_releases_expiries_and_disconnects() {
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "restored", "r"]), 0);
     let (count, after_reload, _, _) = figures(&mut c);
     assert_eq!(count, 6);
-    assert!(after_reload >= after_bound + 60, "{after_reload} {after_bound}");
+    assert!(
+        after_reload >= after_bound + 60,
+        "{after_reload} {after_bound}"
+    );
 
     let buckets: Vec<u64> = [
         1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000, 300000, 3600000,

@@ -1176,7 +1176,11 @@ fn some_live_holders_are_named_within_a_budget() {
     let all: Vec<&[u8]> = b.lock.holders().iter().map(|(o, _)| o).take(64).collect();
     assert!(named.iter().all(|(o, _)| all.contains(o)));
     // Holders whose lease has passed are not named, even before their removal runs.
-    assert!(b.lock.holders().some_live(b.now + 10_000, 10, 64).is_empty());
+    assert!(b
+        .lock
+        .holders()
+        .some_live(b.now + 10_000, 10, 64)
+        .is_empty());
     // Fewer holders than asked for: all of them.
     let mut one = Bench::new();
     one.write("w");
