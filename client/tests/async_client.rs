@@ -165,6 +165,11 @@ async fn owners_of_the_callers_choice_reenter_upgrade_and_deadlock() {
     assert!(g.owner().starts_with("billing-"), "{}", g.owner());
     let info = base.info("p").await.unwrap().unwrap();
     assert_eq!(info.holders[0].owner, g.owner());
+    // Module 0.3.0+: the hold's age, from its first grant.
+    let held = info.holders[0]
+        .held
+        .expect("the server says how long it has been held");
+    assert!(held < Duration::from_secs(5), "{held:?}");
     assert_eq!(g.hold_count().await.unwrap(), 1);
     g.release().await.unwrap();
 

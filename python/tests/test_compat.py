@@ -52,6 +52,8 @@ def test_one_line_switch_through_r_lock(r: "redis.Redis[bytes]") -> None:
         assert isinstance(info, LockInfo) and info.mode == "write"
         assert info.holders[0].owner == lock.local.token
         assert 9000 < info.holders[0].ttl_ms <= 10000
+        # Module 0.3.0+: how long the owner has held it, from its first grant.
+        assert info.holders[0].held_ms is not None and 0 <= info.holders[0].held_ms < 5000
     assert not lock.locked() and not lock.owned()
     assert lock.fencing_token is None
     assert r.exists("orders:42") == 0

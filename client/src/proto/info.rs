@@ -17,6 +17,9 @@ pub struct Holder {
     pub count: u64,
     /// How much longer the owner's holds last, unless extended.
     pub ttl: Duration,
+    /// How long the owner has held the key, from its first grant (module 0.3.0+); `None` when
+    /// the server does not say or does not know (a hold restored from older files).
+    pub held: Option<Duration>,
 }
 
 /// One queued client of a key, as `LOCK.INFO` lists it (servers with the `waiters` field).
@@ -118,6 +121,13 @@ impl LockInfo {
                                 owner: text(&f[0]).unwrap_or_default(),
                                 count: int(&f[1])?,
                                 ttl: Duration::from_millis(int(&f[2])?),
+                                // -1 (unknown) and servers before 0.3.0 (no element): None.
+                                held: match f.get(3) {
+                                    Some(Value::Int(ms)) => {
+                                        u64::try_from(*ms).ok().map(Duration::from_millis)
+                                    }
+                                    _ => None,
+                                },
                             }),
                             other => return Err(format!("unexpected holder {other:?}")),
                         }

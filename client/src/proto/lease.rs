@@ -406,6 +406,7 @@ mod tests {
                 owner: "other".into(),
                 count: 1,
                 ttl: Duration::from_secs(1),
+                held: None,
             }],
             ..Default::default()
         };

@@ -14,6 +14,11 @@ export interface LockHolder {
   readonly count: number;
   /** How much longer the owner's holds last unless extended, in ms. */
   readonly ttl: number;
+  /**
+   * How long the owner has held the key, in ms from its first grant (module 0.3.0+); absent
+   * when the server does not say or does not know the start (a hold restored from older files).
+   */
+  readonly held?: number;
   /** Elements after `[owner, count, ttl]` (from newer module versions), as sent. */
   readonly extra: readonly Reply[];
 }
@@ -60,7 +65,10 @@ export function parseInfo(reply: Reply): LockInfo | null {
   if (Array.isArray(hs)) {
     for (const h of hs) {
       if (!Array.isArray(h) || h.length < 3) throw new TypeError(`unexpected LOCK.INFO holder ${describe(h)}`);
-      holders.push({ owner: String(h[0]), count: num(h[1], "holder count"), ttl: num(h[2], "holder ttl"), extra: h.slice(3) });
+      const holder: LockHolder = { owner: String(h[0]), count: num(h[1], "holder count"), ttl: num(h[2], "holder ttl"), extra: h.slice(3) };
+      // The fourth element (module 0.3.0+) is the hold's age; -1 when the server cannot know it.
+      const held = h.length > 3 ? num(h[3], "holder held") : -1;
+      holders.push(held >= 0 ? { ...holder, held } : holder);
     }
   }
   const q = raw.get("queue");

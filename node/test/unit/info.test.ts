@@ -8,7 +8,7 @@ describe("LOCK.INFO", () => {
     const reply: Reply = [
       "mode", "write",
       "fence", "9007199254740993",
-      "holders", [["me", 2n, 1500n, "future", 7n]],
+      "holders", [["me", 2n, 1500n, 620n, "future"], ["old", 1n, 10n, -1n], ["older", 1n, 10n]],
       "waiting", 1n,
       "queue", ["read"],
       "delay", 0n,
@@ -18,7 +18,12 @@ describe("LOCK.INFO", () => {
     assert.ok(info);
     assert.equal(info.mode, "write");
     assert.equal(info.fence, 9007199254740993n);
-    assert.deepEqual(info.holders, [{ owner: "me", count: 2, ttl: 1500, extra: ["future", 7n] }]);
+    // The fourth element is the hold age (-1: unknown, absent before module 0.3.0).
+    assert.deepEqual(info.holders, [
+      { owner: "me", count: 2, ttl: 1500, held: 620, extra: [620n, "future"] },
+      { owner: "old", count: 1, ttl: 10, extra: [-1n] },
+      { owner: "older", count: 1, ttl: 10, extra: [] },
+    ]);
     assert.equal(info.waiting, 1);
     assert.deepEqual(info.queue, ["read"]);
     assert.equal(info.capacity, undefined);

@@ -385,9 +385,18 @@ return 0
 
 @dataclass(frozen=True)
 class Holder:
+    """One holder of a key: ``held_ms`` is how long the owner has held it, from its first grant
+    (module 0.3.0+; None when the server does not say or does not know the start)."""
+
     owner: bytes
     count: int
     ttl_ms: int
+    held_ms: Optional[int] = None
+
+
+def _holder(entry: Sequence[Any]) -> Holder:
+    held = int(entry[3]) if len(entry) > 3 else -1
+    return Holder(to_bytes(entry[0]), int(entry[1]), int(entry[2]), held if held >= 0 else None)
 
 
 @dataclass(frozen=True)
@@ -422,9 +431,7 @@ def parse_info(reply: Any) -> Optional[LockInfo]:
     else:
         raise LockError(f"unexpected LOCK.INFO reply: {reply!r}")
     fields = {to_str(k): v for k, v in items}
-    holders = tuple(
-        Holder(to_bytes(h[0]), int(h[1]), int(h[2])) for h in (fields.pop("holders", None) or [])
-    )
+    holders = tuple(_holder(h) for h in (fields.pop("holders", None) or []))
     known = {
         "mode": to_str(fields.pop("mode", "free")),
         "fence": int(fields.pop("fence", 0) or 0),
