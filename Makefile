@@ -50,12 +50,17 @@ test: deps
 # library's connection handling, which does not depend on the server, and run on Redis.
 PY_VALKEY_ARGS := python/tests -k "not (30_s_wait_with_redis_py_default or long_wait_with_default_settings or control_redis_py_defaults)"
 
+# The lock core's unit and property tests (and the test kit's) talk to no server: `make test`
+# runs them, `make test-valkey` does not run them again (about 110 s of proptest in a debug
+# build); `make test-server SERVER=valkey-server` runs everything on Valkey.
 test-valkey: deps deps-valkey
-	$(MAKE) test-server SERVER=valkey-server PY_TEST_VERSIONS="$(lastword $(PY_VERSIONS))" PYTEST_ARGS='$(PY_VALKEY_ARGS)'
+	$(MAKE) test-server SERVER=valkey-server CORE_TESTS=no PY_TEST_VERSIONS="$(lastword $(PY_VERSIONS))" PYTEST_ARGS='$(PY_VALKEY_ARGS)'
+
+CORE_TESTS ?= yes
 
 test-server:
 	@echo "== tests on $$($(SERVER) --version)"
-	$(CARGO) test -p redis-lock-core -p redis-lock-testkit
+	$(if $(filter yes,$(CORE_TESTS)),$(CARGO) test -p redis-lock-core -p redis-lock-testkit,@echo "== core and test-kit unit tests: not run again here (no server involved; make test runs them)")
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client --features tls
