@@ -2,7 +2,8 @@
 //! INFO fields, errors, settings and keyspace events the module has, and module.conf.example
 //! names every setting and event. Each check reads the doc generically (tables, synopses,
 //! backticked replies), so adding a field or an option to the module means adding it to the
-//! doc, nothing here. Also: every relative link and anchor in README.md and docs/*.md resolves.
+//! doc, nothing here. Also: every relative link and anchor in README.md and docs/*.md resolves,
+//! and every `ACL SETUSER` line of docs/operations.md grants what it says on this server.
 //!
 //! `REDIS_LOCK_DOCS_ROOT` points the tests at another copy of the repository's README.md,
 //! docs/ and module.conf.example (to show that they fail when a name is deleted).
@@ -1195,4 +1196,75 @@ fn every_relative_link_and_anchor_resolves() {
     }
     assert!(checked > 50, "only {checked} links found");
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// ACL grant lines of docs/operations.md
+
+/// Every `ACL SETUSER` line in the code blocks of docs/operations.md's "ACL" and "Multi-tenant"
+/// sections grants the user commands (all LOCK.* but LOCK.SYNC and test hooks) on its key
+/// pattern, and not LOCK.SYNC. A line granting the module's own category `@lock` is refused
+/// where modules cannot add categories (Redis before 7.4), as the section says.
+#[test]
+fn the_acl_grant_lines_of_operations_md_work() {
+    let ops = read("docs/operations.md");
+    let mut lines = Vec::new();
+    for title in ["ACL", "Multi-tenant"] {
+        let text = section_text(&ops, title);
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            } else if fenced && line.trim_start().starts_with("ACL SETUSER") {
+                lines.push(line.trim().to_string());
+            }
+        }
+    }
+    assert!(lines.len() >= 3, "ACL SETUSER lines found: {lines:?}");
+    let server = Server::start();
+    let mut c = server.client();
+    let own_category = flavor(&mut c).has_module_own_category();
+    let user_commands: Vec<String> = server_commands(&mut c)
+        .into_iter()
+        .filter(|n| n != "lock.sync")
+        .collect();
+    assert_eq!(user_commands.len(), 7, "{user_commands:?}");
+    for (i, line) in lines.iter().enumerate() {
+        let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        let user = format!("docs-acl-{i}");
+        words[2] = user.clone();
+        let key = words
+            .iter()
+            .find_map(|w| w.strip_prefix('~'))
+            .unwrap_or_else(|| panic!("no key pattern in {line}"))
+            .replace('*', "x");
+        let r = reply(&mut c, &words_ref(&words));
+        if line.contains("@lock") && !own_category {
+            assert!(r.is_err(), "{line}: expected a refusal here, got {r:?}");
+            continue;
+        }
+        assert!(r.is_ok(), "{line}: {r:?}");
+        for name in user_commands
+            .iter()
+            .map(String::as_str)
+            .chain(["lock.sync"])
+        {
+            let mut dry = vec!["ACL", "DRYRUN", &user, name];
+            let args: &[&str] = match name {
+                "lock.queues" => &[],
+                "lock.info" => &[&key],
+                "lock.release" => &[&key, "o"],
+                "lock.semacquire" => &[&key, "o", "2", "1000"],
+                "lock.sync" => &[&key, "o", "state"],
+                _ => &[&key, "o", "1000"],
+            };
+            dry.extend_from_slice(args);
+            let allowed = matches!(reply(&mut c, &dry), Ok(Value::Okay));
+            assert_eq!(
+                allowed,
+                name != "lock.sync",
+                "{line}: ACL DRYRUN {user} {name} {args:?}"
+            );
+        }
+    }
 }
