@@ -803,6 +803,27 @@ fn provoke_errors(server: &Server, c: &mut Connection) -> Vec<String> {
             .query::<Value>(c)
             .map_err(|e| format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))),
     );
+    // A re-entry past the largest count a stored value may carry (2^63 - 1): a value with that
+    // count, then one more re-entry.
+    for _ in 0..7 {
+        int(c, &["LOCK.ACQUIRE", "e:count", "o", LONG]);
+    }
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("e:count").query(c).unwrap();
+    let mut dump = ModuleDump::parse(&payload).expect("a module value");
+    let counts = dump
+        .fields
+        .iter_mut()
+        .filter(|f| matches!(f, Field::Unsigned(7)))
+        .map(|f| *f = Field::Unsigned(i64::MAX as u64))
+        .count();
+    assert_eq!(counts, 1, "the count in {:?}", dump.fields);
+    redis::cmd("RESTORE")
+        .arg("e:count-max")
+        .arg(0)
+        .arg(dump.payload())
+        .query::<Value>(c)
+        .expect("a value with the largest count");
+    push(reply(c, &["LOCK.ACQUIRE", "e:count-max", "o", LONG]));
     // The panic guard (test builds only).
     if query(c, &["LOCK.DEBUG-PANIC", "LOCK.ACQUIRE"]).is_ok() {
         push(reply(c, &["LOCK.ACQUIRE", "e:panic", "o", LONG]));
