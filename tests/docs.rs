@@ -635,10 +635,6 @@ fn documented_errors(doc: &str) -> Vec<ErrorPattern> {
 /// module's source of replies instead.
 const NOT_PROVOKED: &[(&str, &str)] = &[
     (
-        "ERR hold count overflow",
-        "needs 2^64 - 1 re-entries of one hold",
-    ),
-    (
         "ERR LOCK.SYNC state conflicts",
         "LOCK.SYNC is refused from clients; a master or an AOF must send it",
     ),

@@ -488,7 +488,9 @@ impl Lock {
             if held.mode == Mode::Read && mode == Mode::Write {
                 return Acquired::Deadlock;
             }
-            let Some(count) = held.count.checked_add(1) else {
+            // At most MAX_COUNT: a larger count could not be stored (an RDB or DUMP holding it
+            // would be refused when loaded).
+            let Some(count) = held.count.checked_add(1).filter(|c| *c <= MAX_COUNT) else {
                 return Acquired::CountOverflow;
             };
             let token = held.token;
@@ -524,7 +526,7 @@ impl Lock {
         let expires_at = step.now.saturating_add(req.ttl);
         let (token, count) = match self.holders.get(req.owner) {
             Some(held) => {
-                let Some(count) = held.count.checked_add(1) else {
+                let Some(count) = held.count.checked_add(1).filter(|c| *c <= MAX_COUNT) else {
                     return Acquired::CountOverflow;
                 };
                 let token = held.token;
@@ -848,7 +850,9 @@ impl Lock {
             };
             let (token, count) = match self.holders.get(&waiter.owner) {
                 Some(h) => {
-                    let count = h.count.saturating_add(1);
+                    // Saturates at the largest storable count (reachable only from a restored
+                    // value at that count: a queued grant cannot be refused here).
+                    let count = h.count.saturating_add(1).min(MAX_COUNT);
                     let token = h.token;
                     let expires_at = step.now.saturating_add(waiter.ttl);
                     self.holders.update(&waiter.owner, count, expires_at);

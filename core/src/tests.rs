@@ -1188,3 +1188,22 @@ fn some_live_holders_are_named_within_a_budget() {
     assert_eq!(named.len(), 1);
     assert_eq!(named[0].0, b"w");
 }
+
+/// A count never goes past MAX_COUNT, the largest a stored value may carry: a re-entry at it is
+/// refused and changes nothing (found by the docs test: a restored count of 2^63 - 1 took one
+/// more re-entry, and the key's DUMP was then refused by RESTORE).
+#[test]
+fn a_reentry_beyond_the_largest_storable_count_is_refused() {
+    let mut b = Bench::new();
+    b.write("a");
+    let full = Holder {
+        count: MAX_COUNT,
+        ..b.lock.holders().get(b"a").unwrap().clone()
+    };
+    b.lock
+        .restore_holder(b"a", full, &mut FenceCounter::default());
+    assert_eq!(b.count("a"), Some(MAX_COUNT));
+    assert!(matches!(b.write("a"), Acquired::CountOverflow));
+    assert!(matches!(b.read("a"), Acquired::CountOverflow));
+    assert_eq!(b.count("a"), Some(MAX_COUNT));
+}
