@@ -13,13 +13,18 @@
 -- Read-only (the flags make the server refuse a write) and cheap: one INFO call, which looks
 -- once at each key with waiters, and a few string operations per field.
 
--- "1500" (ms) -> "1.5", "100" -> "0.1", "60000" -> "60", "7" -> "0.007": exact, no floats.
+-- "1500" (ms) -> "1.5", "100" -> "0.1", "60000" -> "60", "7" -> "0.007", "-1" -> "-0.001":
+-- exact, no floats.
 local function seconds(ms)
-  local padded = string.rep('0', 4 - #ms) .. ms
+  local sign, digits = string.match(ms, '^(-?)(%d+)$')
+  local padded = string.rep('0', 4 - #digits) .. digits
   local s = string.sub(padded, 1, -4) .. '.' .. string.sub(padded, -3)
   s = (string.gsub(s, '0+$', ''))
   s = (string.gsub(s, '%.$', ''))
-  return s
+  if s == '0' then
+    return s
+  end
+  return sign .. s
 end
 
 local out = {}
@@ -29,7 +34,8 @@ local function put(name, value)
 end
 
 local info = redis.call('INFO', 'lock')
-for name, value in string.gmatch(info, '(lock_[%w_]+):(%d+)') do
+-- Whole lines of integers only (INFO ends each line with CRLF).
+for name, value in string.gmatch(info, '(lock_[%w_]+):(%-?%d+)\r?\n') do
   local base, le = string.match(name, '^(.+)_ms_le_(%d+)$')
   if base then
     put(base .. '_seconds_bucket le=' .. seconds(le), value)

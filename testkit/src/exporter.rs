@@ -152,9 +152,11 @@ pub fn script_values(text: &str, name: &str) -> HashMap<String, f64> {
 pub fn lock_series(info: &HashMap<String, String>) -> Vec<(String, Option<String>, f64)> {
     let mut out = Vec::new();
     for (field, text) in info.iter().filter(|(k, _)| k.starts_with("lock_")) {
-        let value: u64 = text
+        // The script reads integer fields only: a field of another kind fails here, so that
+        // the script is taught it.
+        let value: i64 = text
             .parse()
-            .unwrap_or_else(|_| panic!("INFO lock {field}:{text} is not a count"));
+            .unwrap_or_else(|_| panic!("INFO lock {field}:{text} is not an integer"));
         let ms = value as f64 / 1000.0;
         if let Some((base, le)) = field.split_once("_ms_le_") {
             let le: u64 = le.parse().unwrap_or_else(|_| panic!("bucket {field}"));
