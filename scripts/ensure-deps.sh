@@ -3,7 +3,8 @@
 # Idempotent: does nothing (and asks no registry) when everything is present.
 #
 #   scripts/ensure-deps.sh            redis-server, redis-cli, redis-benchmark, libclang,
-#                                     prometheus-redis-exporter (for one test), and nodejs and
+#                                     prometheus-redis-exporter and prometheus (for the metrics
+#                                     tests), and nodejs and
 #                                     npm for the Node.js client (node/) when `node` or `npm` is
 #                                     missing (Debian's nodejs is 18 on bookworm: the package's
 #                                     minimum; a newer Node already on PATH is used as it is)
@@ -65,6 +66,13 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Prometheus's redis_exporter, for the test of the shipped collect script (tests/observability.rs).
 command -v prometheus-redis-exporter >/dev/null 2>&1 || command -v redis_exporter >/dev/null 2>&1 \
   || missing+=(prometheus-redis-exporter)
+# A Prometheus server (and promtool), for the test that runs the documented Prometheus
+# configuration and alert rules against the exporter (tests/prometheus.rs).
+new_prometheus=0
+if ! command -v prometheus >/dev/null 2>&1; then
+  missing+=(prometheus)
+  new_prometheus=1
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
@@ -73,6 +81,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   # redis-server's and the exporter's packages start system services where systemd runs (ports
   # 6379 and 9121); the tests and `make run` start their own on free ports, so they are harmless.
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Prometheus's package starts a server on port 9090 where systemd runs, which keeps its data
+  # and scrapes forever; the test starts its own on a free port. Stop the one this script
+  # brought in (never one that was there before).
+  if [ "$new_prometheus" -eq 1 ] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
 fi
 
 if [ "$want_valkey" -eq 1 ] && ! command -v valkey-server >/dev/null 2>&1; then

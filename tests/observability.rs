@@ -223,8 +223,10 @@ fn info_counts_handoffs_releases_extends_refusals_and_wait_times() {
 }
 
 /// The shipped collect script for Prometheus's redis_exporter publishes every `INFO lock`
-/// field: scraped over HTTP from the real exporter after a scripted sequence, each equals the
-/// server's own figure, and the known ones have their known values.
+/// field under the name docs/operations.md gives it (times in seconds, histogram buckets with
+/// their `le`, the count also as the `+Inf` bucket): scraped over HTTP from the real exporter
+/// after a scripted sequence, each equals the server's own figure, and the known ones have
+/// their known values. (tests/prometheus.rs runs the same through a Prometheus server.)
 #[test]
 fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
     let server = Server::start();
@@ -254,21 +256,27 @@ fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
     let metrics = exporter.scrape();
     let values = script_values(&metrics, "redis_script_values");
     let info = info_section(&mut c, "lock");
-    let lock_fields: Vec<&String> = info.keys().filter(|k| k.starts_with("lock_")).collect();
-    assert!(lock_fields.len() >= 25, "INFO lock: {info:?}");
-    for field in lock_fields {
+    let series = lock_series(&info);
+    assert!(series.len() >= 25, "INFO lock: {info:?}");
+    let mut keys = BTreeSet::new();
+    for (name, le, value) in series {
+        let key = match le {
+            Some(le) => format!("{name} le={le}"),
+            None => name,
+        };
         let shown = values
-            .get(field)
-            .unwrap_or_else(|| panic!("{field} not exported:\n{metrics}"));
+            .get(&key)
+            .unwrap_or_else(|| panic!("{key} not exported:\n{metrics}"));
         // Nothing changes between the two reads but the ages, which are 0 with nobody waiting.
         assert_eq!(
-            *shown,
-            info[field].parse::<f64>().unwrap(),
-            "{field} exported as {shown}, INFO says {}",
-            info[field]
+            *shown, value,
+            "{key} exported as {shown}, INFO says {value}"
         );
+        keys.insert(key);
     }
-    for (field, value) in [
+    let extra: Vec<&String> = values.keys().filter(|k| !keys.contains(*k)).collect();
+    assert!(extra.is_empty(), "exported but not in INFO lock: {extra:?}");
+    for (key, value) in [
         ("lock_grants_total", 2.0),
         ("lock_handoffs_total", 1.0),
         ("lock_reentries_total", 0.0),
@@ -278,13 +286,20 @@ fn redis_exporter_with_the_shipped_script_publishes_every_lock_figure() {
         ("lock_readers", 1.0),
         ("lock_writers", 0.0),
         ("lock_waiters", 0.0),
-        ("lock_wait_ms_count", 1.0),
-        ("lock_wait_ms_le_100", 0.0),
-        ("lock_wait_ms_le_60000", 1.0),
+        ("lock_oldest_wait_seconds", 0.0),
+        ("lock_wait_seconds_count", 1.0),
+        ("lock_wait_seconds_bucket le=0.1", 0.0),
+        ("lock_wait_seconds_bucket le=60", 1.0),
+        ("lock_wait_seconds_bucket le=+Inf", 1.0),
     ] {
-        assert_eq!(values[field], value, "{field}");
+        assert_eq!(values[key], value, "{key}");
     }
-    assert!(values["lock_wait_ms_sum"] >= 150.0);
+    assert!(values["lock_wait_seconds_sum"] >= 0.15);
+    // Seconds keep every ms: the sum is INFO's ms count over 1000, exactly.
+    assert_eq!(
+        values["lock_wait_seconds_sum"],
+        info["lock_wait_ms_sum"].parse::<f64>().unwrap() / 1000.0
+    );
 }
 
 /// LOCK.QUEUES [key, db, waiting, oldest ms] rows.

@@ -4,17 +4,19 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::server::free_port;
+use crate::server::{free_port, fresh_temp_dir};
 use crate::PATIENCE;
 
-/// A running redis_exporter, killed when dropped.
+/// A running redis_exporter, killed when dropped (its temporary directory, which holds its log,
+/// is removed then).
 pub struct Exporter {
     child: Child,
     pub port: u16,
+    dir: PathBuf,
 }
 
 /// The exporter's binary: `REDIS_EXPORTER` if set, else Debian's name, else upstream's.
@@ -40,21 +42,38 @@ impl Exporter {
     /// Starts the exporter for the server on `redis_port`, with the collect script `script`,
     /// and waits until it serves `/metrics` (trying a few free ports).
     pub fn start(redis_port: u16, script: &Path) -> Exporter {
+        Exporter::start_as(redis_port, script, None)
+    }
+
+    /// [`Exporter::start`], logging in to the server as ACL user `user` (name, password) when
+    /// given. The credentials go in the exporter's environment (`REDIS_USER`,
+    /// `REDIS_PASSWORD`), not on its command line.
+    pub fn start_as(redis_port: u16, script: &Path, user: Option<(&str, &str)>) -> Exporter {
         let bin = binary();
+        let dir = fresh_temp_dir("redis-exporter").unwrap_or_else(|e| panic!("{e}"));
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-            let mut child = Command::new(&bin)
+            let log = std::fs::File::create(dir.join("exporter.log"))
+                .unwrap_or_else(|e| panic!("exporter log: {e}"));
+            let mut command = Command::new(&bin);
+            command
                 .arg("-redis.addr")
                 .arg(format!("redis://127.0.0.1:{redis_port}"))
                 .arg("-web.listen-address")
                 .arg(format!("127.0.0.1:{port}"))
                 .arg("-script")
                 .arg(script)
+                .env_remove("REDIS_USER")
+                .env_remove("REDIS_PASSWORD")
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{bin}: {e}"));
+                .stderr(log);
+            if let Some((name, password)) = user {
+                command
+                    .env("REDIS_USER", name)
+                    .env("REDIS_PASSWORD", password);
+            }
+            let mut child = command.spawn().unwrap_or_else(|e| panic!("{bin}: {e}"));
             let deadline = Instant::now() + PATIENCE;
             while Instant::now() < deadline {
                 if let Ok(Some(status)) = child.try_wait() {
@@ -62,14 +81,21 @@ impl Exporter {
                     break;
                 }
                 if get(port, "/metrics").is_ok() {
-                    return Exporter { child, port };
+                    return Exporter { child, port, dir };
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
             let _ = child.kill();
             let _ = child.wait();
         }
-        panic!("{bin} did not start: {last}")
+        let log = std::fs::read_to_string(dir.join("exporter.log")).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("{bin} did not start: {last}\n{log}")
+    }
+
+    /// What the exporter has logged so far (its standard error).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("exporter.log")).unwrap_or_default()
     }
 
     /// The body of `/metrics`.
@@ -82,11 +108,12 @@ impl Drop for Exporter {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// An HTTP/1.0 GET on loopback: the body, or why not.
-fn get(port: u16, path: &str) -> Result<String, String> {
+/// An HTTP/1.0 GET on loopback: the body, or why not (with the body of an error reply).
+pub(crate) fn get(port: u16, path: &str) -> Result<String, String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(PATIENCE))
         .map_err(|e| e.to_string())?;
@@ -96,8 +123,9 @@ fn get(port: u16, path: &str) -> Result<String, String> {
     let (head, body) = response
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("no HTTP header end in {response:?}"))?;
-    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
-        return Err(format!("HTTP status: {head}"));
+    let status = head.lines().next().unwrap_or_default();
+    if !status.starts_with("HTTP/1.") || !status.contains(" 200 ") {
+        return Err(format!("HTTP status: {status}: {body}"));
     }
     Ok(body.to_string())
 }
@@ -113,4 +141,48 @@ pub fn script_values(text: &str, name: &str) -> HashMap<String, f64> {
             Some((key.to_string(), rest.trim().parse().ok()?))
         })
         .collect()
+}
+
+/// What the shipped collect script (`contrib/redis_exporter/lock-metrics.lua`) makes of the
+/// fields of an `INFO lock` section, as docs/operations.md describes it: (series name, `le`
+/// label of a histogram bucket, value). A field keeps its name unless it is in ms:
+/// `lock_x_ms` becomes `lock_x_seconds`; `lock_x_ms_le_<b>` the bucket `le` = b/1000 of
+/// `lock_x_seconds_bucket`; `lock_x_ms_count` both `lock_x_seconds_count` and the `+Inf`
+/// bucket; `lock_x_ms_sum` `lock_x_seconds_sum`. Times become seconds.
+pub fn lock_series(info: &HashMap<String, String>) -> Vec<(String, Option<String>, f64)> {
+    let mut out = Vec::new();
+    for (field, text) in info.iter().filter(|(k, _)| k.starts_with("lock_")) {
+        // The script reads integer fields only: a field of another kind fails here, so that
+        // the script is taught it.
+        let value: i64 = text
+            .parse()
+            .unwrap_or_else(|_| panic!("INFO lock {field}:{text} is not an integer"));
+        let ms = value as f64 / 1000.0;
+        if let Some((base, le)) = field.split_once("_ms_le_") {
+            let le: u64 = le.parse().unwrap_or_else(|_| panic!("bucket {field}"));
+            out.push((
+                format!("{base}_seconds_bucket"),
+                Some(seconds_text(le)),
+                value as f64,
+            ));
+        } else if let Some(base) = field.strip_suffix("_ms_count") {
+            out.push((format!("{base}_seconds_count"), None, value as f64));
+            let inf = Some("+Inf".to_string());
+            out.push((format!("{base}_seconds_bucket"), inf, value as f64));
+        } else if let Some(base) = field.strip_suffix("_ms_sum") {
+            out.push((format!("{base}_seconds_sum"), None, ms));
+        } else if let Some(base) = field.strip_suffix("_ms") {
+            out.push((format!("{base}_seconds"), None, ms));
+        } else {
+            out.push((field.clone(), None, value as f64));
+        }
+    }
+    out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    out
+}
+
+/// `ms` milliseconds as seconds in the shortest decimal: 100 -> "0.1", 60000 -> "60".
+pub fn seconds_text(ms: u64) -> String {
+    let text = format!("{}.{:03}", ms / 1000, ms % 1000);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }

@@ -8,6 +8,7 @@ mod commands;
 mod dump;
 mod exporter;
 mod info;
+pub mod prometheus;
 mod sentinel;
 mod server;
 mod topology;
