@@ -1,6 +1,6 @@
 # redis-lock: `make run` builds the module and starts redis-server with it; `make test` runs
-# every test. Both install redis-server, libclang-dev and prometheus-redis-exporter with apt-get
-# when they are missing;
+# every test. Both install redis-server, libclang-dev, prometheus-redis-exporter and prometheus
+# with apt-get when they are missing;
 # `make test-valkey` runs the same tests on Valkey 8 (installed from bookworm-backports).
 # The Node.js client's targets (node-deps, node-build, test-node, lint-node, bench-node) need
 # node and npm (installed by scripts/ensure-deps.sh when missing).
