@@ -120,7 +120,7 @@ dist-check: dist
 # valkey-server use the system jemalloc, which lacks the hint active defragmentation needs: they
 # refuse `activedefrag yes`, and the test only checks that refusal there. defrag-server builds
 # Redis 7.0.15 from Debian's source package (its upstream tarball, with Redis's own jemalloc)
-# into target/redis-defrag/ (once; about 4 minutes on 2 cores), and test-defrag runs the test on
+# into target/redis-defrag/ (once; 4 to 8 minutes on 2 busy cores), and test-defrag runs the test on
 # it: 100,000 locks, a fragmented keyspace, activedefrag on; about 1 minute.
 DEFRAG_REDIS_VERSION := 7.0.15
 DEFRAG_SERVER := $(CURDIR)/target/redis-defrag/redis-$(DEFRAG_REDIS_VERSION)/src/redis-server
