@@ -8,7 +8,8 @@
 //! (rdb_save and aux_save also in a fork child during BGSAVE).
 //!
 //! Active defragmentation may move a value's box to another address between two commands
-//! (`super::defrag`): nothing may keep a value's address past the command that read it.
+//! (also between the commands of one long script; `super::defrag`): nothing may keep a value's
+//! address past the command that read it.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::marker::PhantomData;

@@ -18,8 +18,11 @@
 //! later freed through the same global allocator. A Rust value may be moved by copying its
 //! bytes, unless something holds its address: a `&mut Box<T>` (or `&mut Vec<T>`, `&mut
 //! Box<[T]>`) proves no reference into the allocation is alive, and the module keeps no raw
-//! pointer into its values (`moving` compares addresses only within one command, and a
-//! defrag pass never runs between a command's start and its end). A server without the
+//! pointer into its values past the command or callback that read it (`moving` compares
+//! addresses only within one command). The server runs a defrag pass from its cron, or while a
+//! long script or a load keeps it busy (between the script's own commands); never while one of
+//! the module's commands or callbacks runs (the module neither yields nor calls into the
+//! server's command table), and never in another thread. A server without the
 //! defrag hint (a system jemalloc, libc malloc) refuses `activedefrag yes`, so none of this
 //! runs there.
 
