@@ -11,6 +11,7 @@ MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
 .PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
+	dist dist-check defrag-server test-defrag \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run \
 	node-deps node-build test-node lint-node bench-node bench-node-run
 
@@ -105,6 +106,38 @@ bench-check: deps
 bench-check-update: deps
 	$(CARGO) build --release
 	python3 scripts/bench-check.py $(CURDIR)/$(MODULE) --update
+
+# The shippable artifact: dist/redis-lock-<crate version>-linux-<arch>.so, stripped, with its
+# debug info in <same>.so.debug (the .so names it in .gnu_debuglink, so gdb, perf and valgrind
+# find the symbols when the two files sit side by side) and a .sha256 file per file
+# (`sha256sum -c`). Made from the release build, which keeps its debug info for bench-check and
+# profiling. `make dist-check` verifies the checksums, the split, and that SERVER loads the .so
+# (MODULE LIST shows lock with the file's version); it needs the release build, so it is not part
+# of `make test` (which builds only the debug module).
+dist: deps
+	$(CARGO) build --release
+	CARGO=$(CARGO) scripts/dist.sh
+
+dist-check: dist
+	CARGO=$(CARGO) SERVER=$(SERVER) scripts/dist-check.sh
+
+# Active defragmentation of lock values (tests/defrag.rs). Debian's redis-server and
+# valkey-server use the system jemalloc, which lacks the hint active defragmentation needs: they
+# refuse `activedefrag yes`, and the test only checks that refusal there. defrag-server builds
+# Redis 7.0.15 from Debian's source package (its upstream tarball, with Redis's own jemalloc)
+# into target/redis-defrag/ (once; 4 to 8 minutes on 2 busy cores), and test-defrag runs the test on
+# it: 100,000 locks, a fragmented keyspace, activedefrag on; about 1 minute.
+DEFRAG_REDIS_VERSION := 7.0.15
+DEFRAG_SERVER := $(CURDIR)/target/redis-defrag/redis-$(DEFRAG_REDIS_VERSION)/src/redis-server
+
+defrag-server: $(DEFRAG_SERVER)
+
+$(DEFRAG_SERVER):
+	scripts/build-defrag-server.sh $(DEFRAG_REDIS_VERSION) $(CURDIR)/target/redis-defrag
+
+test-defrag: $(DEFRAG_SERVER)
+	$(CARGO) build --features test-hooks
+	REDIS_LOCK_SERVER=$(DEFRAG_SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks --test defrag -- --nocapture
 
 # cargo-fuzz (libFuzzer) targets in fuzz/: the lock core against its reference model, the
 # argument parser, and the stored-value decoder (RDB load, RESTORE). FUZZ_SECONDS per target. Installs cargo-fuzz when missing; runs on the

@@ -3,11 +3,13 @@
 # the module (LOCK.ACQUIRE + LOCK.RELEASE) next to SET NX PX + compare-and-delete. Unlike
 # wall-clock server time, the counts repeat exactly from run to run.
 # Usage: scripts/profile-callgrind.sh [pairs]   (needs valgrind; builds the release module)
+# MODULE=path/to/module.so profiles that file instead, e.g. the stripped dist/ artifact: valgrind
+# then reads the module's symbols from the .debug file beside it (its .gnu_debuglink).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20000}
 cargo build --release -q
-MODULE=$PWD/target/release/libredis_lock.so
+MODULE=$(realpath "${MODULE:-$PWD/target/release/libredis_lock.so}")
 OUT=$(mktemp -d)
 port=17901
 for mode in module setnx; do

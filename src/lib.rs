@@ -28,6 +28,7 @@ mod config;
 mod contention;
 mod datatype;
 mod deadlock;
+mod defrag;
 mod errors;
 mod events;
 mod eviction;

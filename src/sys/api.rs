@@ -11,7 +11,7 @@ pub fn missing() -> Vec<&'static str> {
     // SAFETY: each entry copies a function pointer (the braces read the static by value, no
     // reference is made) that the API table filled in at load, before OnLoad's body runs;
     // nothing writes them afterwards.
-    let present: [(&'static str, bool); 52] = unsafe {
+    let present: [(&'static str, bool); 54] = unsafe {
         [
             ("Milliseconds", { raw::RedisModule_Milliseconds }.is_some()),
             (
@@ -162,6 +162,12 @@ pub fn missing() -> Vec<&'static str> {
             (
                 "ACLCheckKeyPermissions",
                 { raw::RedisModule_ACLCheckKeyPermissions }.is_some(),
+            ),
+            // Active defragmentation of lock values (sys::defrag): Redis 6.0+, Valkey 8+.
+            ("DefragAlloc", { raw::RedisModule_DefragAlloc }.is_some()),
+            (
+                "DefragShouldStop",
+                { raw::RedisModule_DefragShouldStop }.is_some(),
             ),
             ("CreateString", { raw::RedisModule_CreateString }.is_some()),
             ("FreeString", { raw::RedisModule_FreeString }.is_some()),

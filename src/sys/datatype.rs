@@ -1,20 +1,25 @@
 //! A module data type whose values are one Rust type: the type methods Redis calls (RDB load
-//! and save, AOF rewrite, digest, memory usage, free, unlink, copy, aux data) as trampolines
+//! and save, AOF rewrite, digest, memory usage, free, unlink, copy, aux data, defrag) as trampolines
 //! generic over a [`TypeHandler`], and the handles they lend the handler (RDB reader and
 //! writer, AOF writer, digest) in place of raw pointers.
 //!
 //! Values are `Box<H::Value>` created by `RawKey::set_value` or by the load and copy
 //! trampolines, and freed only by the free trampoline. Redis calls these on the main thread
 //! (rdb_save and aux_save also in a fork child during BGSAVE).
+//!
+//! Active defragmentation may move a value's box to another address between two commands
+//! (also between the commands of one long script; `super::defrag`): nothing may keep a value's
+//! address past the command that read it.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::marker::PhantomData;
-use std::ptr;
+use std::ptr::{self, NonNull};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use super::context::with_bytes;
+use super::defrag::Mover;
 use super::guard::guard_silent;
 
 /// What a data type does with its values. Implemented above this layer; every method runs
@@ -40,6 +45,12 @@ pub trait TypeHandler: 'static {
     fn aux_save(rdb: &mut RdbWriter<'_>);
     /// Reads what `aux_save` wrote; false fails the load.
     fn aux_load(rdb: &mut RdbReader<'_>) -> bool;
+    /// Active defragmentation: the value's own box has just been moved if the allocator
+    /// suggested it; this moves what the value owns (its inner boxes) through `mover`. The
+    /// default moves nothing more. Called between commands, on the main thread.
+    fn defrag(value: &mut Self::Value, mover: &mut Mover<'_>) {
+        let _ = (value, mover);
+    }
 }
 
 /// A registered data type whose values are `H::Value`. Built with the trampolines of `H`
@@ -84,7 +95,7 @@ const fn methods<H: TypeHandler>() -> raw::RedisModuleTypeMethods {
         free_effort: None,
         unlink: None,
         copy: None,
-        defrag: None,
+        defrag: Some(defrag::<H>),
         mem_usage2: None,
         free_effort2: None,
         unlink2: Some(unlink::<H>),
@@ -330,6 +341,42 @@ extern "C" fn copy<H: TypeHandler>(
         }
     });
     out
+}
+
+/// Active defragmentation of one value (`super::defrag`): moves the value's box if the
+/// allocator suggests it, writing the new address into Redis's slot, then lets the handler
+/// move what the value owns. Returns 0: the work is bounded, nothing is left for later.
+extern "C" fn defrag<H: TypeHandler>(
+    ctx: *mut raw::RedisModuleDefragCtx,
+    _key: *mut raw::RedisModuleString,
+    value: *mut *mut c_void,
+) -> c_int {
+    guard_silent("defrag", || {
+        // SAFETY: ctx is the live context of this callback; the mover does not outlive it.
+        let mut mover = unsafe { Mover::new(ctx) };
+        // SAFETY: value is Redis's slot holding one of our values (a Box<H::Value> made by
+        // Box::into_raw), alive during the call, and nothing else uses it meanwhile.
+        let Some(slot) = (unsafe { value.as_mut() }) else {
+            return;
+        };
+        let Some(old) = NonNull::new(*slot as *mut H::Value) else {
+            return;
+        };
+        // SAFETY: the value is a block of the global allocator, i.e. RedisModule_Alloc (see
+        // super::defrag), that nothing touches during the callback. If it moves, the old block
+        // is freed and Redis's slot (its only owner) takes the new address at once.
+        let current = match unsafe { mover.move_block(old.cast()) } {
+            Some(new) => {
+                *slot = new.as_ptr().cast();
+                new.cast::<H::Value>()
+            }
+            None => old,
+        };
+        // SAFETY: `current` is our live value (moved or not), borrowed only for this call.
+        let v = unsafe { &mut *current.as_ptr() };
+        H::defrag(v, &mut mover);
+    });
+    0
 }
 
 /// Saves the module-wide data before the keys.

@@ -23,6 +23,7 @@ pub mod blocked;
 pub mod commands;
 pub mod context;
 pub mod datatype;
+pub mod defrag;
 pub mod events;
 pub mod filter;
 pub mod guard;
