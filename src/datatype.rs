@@ -16,6 +16,7 @@ use redis_lock_core::{Mode, MAX_EXACT_TOKEN, MAX_TOKEN};
 
 use crate::sys::context::{log_warning, server_is_loading};
 use crate::sys::datatype::{AofWriter, Digest, RdbReader, RdbWriter, TypeHandler};
+use crate::sys::defrag::Mover;
 use crate::value::{LockType, LockValue};
 use crate::{moving, replication, settle, stats};
 
@@ -84,6 +85,10 @@ impl TypeHandler for LockType {
         let mut lock = value.view().into_owned();
         drop(lock.take_waiters());
         LockValue::new(lock)
+    }
+
+    fn defrag(value: &mut LockValue, mover: &mut Mover<'_>) {
+        value.defrag(mover);
     }
 
     fn aux_save(rdb: &mut RdbWriter<'_>) {

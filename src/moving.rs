@@ -31,7 +31,9 @@ use crate::sys::filter::CommandStart;
 use crate::value::LockValue;
 use crate::{errors, waiters};
 
-/// The value's identity while it lives: its address (values are boxed and never moved).
+/// The value's identity during one command: its address. Values are boxed; active
+/// defragmentation may move one, but only between commands (the server's cron, or between the
+/// commands of a long script), and the record is cleared when each command starts.
 fn address(value: &LockValue) -> usize {
     value as *const LockValue as usize
 }

@@ -293,6 +293,8 @@ impl InfoSource for InfoFields {
         });
         // Waiters answered TRYAGAIN because MIGRATE (cluster resharding) moved their key away.
         add("migrated_waiters_total", crate::state::migrated_waiters());
+        // Lock-value allocations moved by active defragmentation (`defrag`).
+        add("defrag_moves_total", crate::defrag::moves_total());
         // What this build is and writes, for upgrade and rollback checks (docs/operations.md):
         // the version MODULE LIST shows, and the RDB encoding version of lock keys it writes.
         add(

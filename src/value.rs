@@ -9,6 +9,7 @@ use redis_module::RedisModuleTimerID;
 
 use crate::stats::{self, Gauges};
 use crate::sys::datatype::ValueType;
+use crate::sys::defrag::Mover;
 
 /// The module data type `redislock`, whose values are [`LockValue`]s. Its behaviour (the
 /// `TypeHandler` implementation) is in `datatype`.
@@ -257,6 +258,19 @@ impl LockValue {
     /// Is the value vacant or compact (and so has no timer)?
     pub fn is_small(&self) -> bool {
         !matches!(self.repr, Repr::Full(_))
+    }
+
+    /// Active defragmentation (`defrag`): moves the boxes this value owns, the full form and
+    /// its timer, when the allocator suggests it. The value's own box is moved by the caller;
+    /// a vacant or compact value owns nothing else. The lock's inner allocations (holder
+    /// table, queue, long owner names) stay where they are.
+    pub fn defrag(&mut self, mover: &mut Mover<'_>) {
+        if let Repr::Full(f) = &mut self.repr {
+            mover.boxed(f);
+            if let Some(t) = &mut f.timer {
+                mover.boxed(t);
+            }
+        }
     }
 
     /// Approximate bytes used, for MEMORY USAGE.
