@@ -11,7 +11,7 @@ MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
 .PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
-	dist dist-check defrag-server test-defrag \
+	dist dist-check test-dist defrag-server test-defrag \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run \
 	node-deps node-build test-node lint-node bench-node bench-node-run
 
@@ -65,6 +65,7 @@ test-server:
 	$(if $(filter yes,$(CORE_TESTS)),$(CARGO) test -p redis-lock-core -p redis-lock-testkit,@echo "== core and test-kit unit tests: not run again here (no server involved; make test runs them)")
 	$(CARGO) build --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --features test-hooks
+	$(MAKE) --no-print-directory test-dist SERVER=$(SERVER)
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test -p redis-lock-client --features tls
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-python
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-node
@@ -121,6 +122,13 @@ dist: deps
 
 dist-check: dist
 	CARGO=$(CARGO) SERVER=$(SERVER) scripts/dist-check.sh
+
+# The same packing and checks on the debug build, into target/dist-test/ (a few seconds, no
+# release build): part of test-server.
+test-dist:
+	$(CARGO) build --features test-hooks
+	DIST_SRC=$(TEST_MODULE) DIST_DIR=target/dist-test CARGO=$(CARGO) scripts/dist.sh
+	DIST_DIR=target/dist-test CARGO=$(CARGO) SERVER=$(SERVER) scripts/dist-check.sh
 
 # Active defragmentation of lock values (tests/defrag.rs). Debian's redis-server and
 # valkey-server use the system jemalloc, which lacks the hint active defragmentation needs: they

@@ -6,19 +6,21 @@
 #   - SERVER (default redis-server; valkey-server works too) loads the .so: MODULE LIST shows
 #     `lock` with the version of the file name (MAJOR*10000 + MINOR*100 + PATCH), and a lock
 #     can be taken and released.
+# DIST_DIR: where to look (default dist/; `make test-dist` uses target/dist-test/).
 # Prints one line per check; exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 SERVER=${SERVER:-redis-server}
+OUT=${DIST_DIR:-dist}
 
 version=$($CARGO pkgid -p redis-lock | sed -E 's/.*[#@]//')
 name=redis-lock-$version-linux-$(uname -m)
-so=dist/$name.so
+so=$OUT/$name.so
 fail() { echo "dist-check: FAILED: $*" >&2; exit 1; }
 [ -f "$so" ] || fail "$so is missing (run make dist)"
 
-(cd dist && sha256sum --quiet -c "$name.so.sha256" && sha256sum --quiet -c "$name.so.debug.sha256") \
+(cd "$OUT" && sha256sum --quiet -c "$name.so.sha256" && sha256sum --quiet -c "$name.so.debug.sha256") \
   || fail "checksum mismatch"
 echo "ok: $name.so and $name.so.debug match their .sha256 files"
 
@@ -26,7 +28,7 @@ sections=$(readelf -S --wide "$so")
 ! grep -q '\.debug_info' <<<"$sections" || fail "$so still has .debug_info"
 link=$(readelf --string-dump=.gnu_debuglink "$so" 2>/dev/null | sed -n 's/^ *\[ *0\] *//p')
 [ "$link" = "$name.so.debug" ] || fail "$so's .gnu_debuglink names '$link', not $name.so.debug"
-debug_sections=$(readelf -S --wide "dist/$name.so.debug")
+debug_sections=$(readelf -S --wide "$OUT/$name.so.debug")
 grep -q '\.debug_info' <<<"$debug_sections" || fail "$name.so.debug has no .debug_info"
 grep -q '\.symtab' <<<"$debug_sections" || fail "$name.so.debug has no symbol table"
 echo "ok: $name.so has no debug info and links to $name.so.debug (debug info, symbol table)"
