@@ -2,21 +2,18 @@
 //! loopback port against a test server, and scraped over plain HTTP.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-use crate::server::{free_port, fresh_temp_dir};
+use crate::daemon::Daemon;
+use crate::server::fresh_temp_dir;
 use crate::PATIENCE;
 
 /// A running redis_exporter, killed when dropped (its temporary directory, which holds its log,
 /// is removed then).
 pub struct Exporter {
-    child: Child,
+    daemon: Daemon,
     pub port: u16,
-    dir: PathBuf,
 }
 
 /// The exporter's binary: `REDIS_EXPORTER` if set, else Debian's name, else upstream's.
@@ -51,11 +48,7 @@ impl Exporter {
     pub fn start_as(redis_port: u16, script: &Path, user: Option<(&str, &str)>) -> Exporter {
         let bin = binary();
         let dir = fresh_temp_dir("redis-exporter").unwrap_or_else(|e| panic!("{e}"));
-        let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-            let log = std::fs::File::create(dir.join("exporter.log"))
-                .unwrap_or_else(|e| panic!("exporter log: {e}"));
+        let daemon = Daemon::start(&bin, dir, "exporter.log", PATIENCE, "/metrics", |port| {
             let mut command = Command::new(&bin);
             command
                 .arg("-redis.addr")
@@ -65,69 +58,31 @@ impl Exporter {
                 .arg("-script")
                 .arg(script)
                 .env_remove("REDIS_USER")
-                .env_remove("REDIS_PASSWORD")
-                .stdout(Stdio::null())
-                .stderr(log);
+                .env_remove("REDIS_PASSWORD");
             if let Some((name, password)) = user {
                 command
                     .env("REDIS_USER", name)
                     .env("REDIS_PASSWORD", password);
             }
-            let mut child = command.spawn().unwrap_or_else(|e| panic!("{bin}: {e}"));
-            let deadline = Instant::now() + PATIENCE;
-            while Instant::now() < deadline {
-                if let Ok(Some(status)) = child.try_wait() {
-                    last = format!("exited with {status}");
-                    break;
-                }
-                if get(port, "/metrics").is_ok() {
-                    return Exporter { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            command
+        });
+        Exporter {
+            port: daemon.port,
+            daemon,
         }
-        let log = std::fs::read_to_string(dir.join("exporter.log")).unwrap_or_default();
-        let _ = std::fs::remove_dir_all(&dir);
-        panic!("{bin} did not start: {last}\n{log}")
     }
 
     /// What the exporter has logged so far (its standard error).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("exporter.log")).unwrap_or_default()
+        self.daemon.log()
     }
 
     /// The body of `/metrics`.
     pub fn scrape(&self) -> String {
-        get(self.port, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"))
+        self.daemon
+            .get("/metrics")
+            .unwrap_or_else(|e| panic!("scrape: {e}"))
     }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// An HTTP/1.0 GET on loopback: the body, or why not (with the body of an error reply).
-pub(crate) fn get(port: u16, path: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(PATIENCE))
-        .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).map_err(|e| e.to_string())?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP header end in {response:?}"))?;
-    let status = head.lines().next().unwrap_or_default();
-    if !status.starts_with("HTTP/1.") || !status.contains(" 200 ") {
-        return Err(format!("HTTP status: {status}: {body}"));
-    }
-    Ok(body.to_string())
 }
 
 /// The samples of metric `name` in a Prometheus text exposition, by their `key` label (the

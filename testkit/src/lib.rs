@@ -5,6 +5,7 @@
 //! the integration tests (tests/), the client's tests and the benchmark's server launcher.
 
 mod commands;
+mod daemon;
 mod dump;
 mod exporter;
 mod info;

@@ -5,11 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use crate::exporter::get;
-use crate::server::{free_port, fresh_temp_dir};
+use crate::daemon::Daemon;
+use crate::server::fresh_temp_dir;
 use crate::PATIENCE;
 
 /// The Prometheus binary: `PROMETHEUS` if set, else `prometheus` on PATH; `None` when there is
@@ -48,7 +47,7 @@ pub fn promtool(dir: &Path, args: &[&str]) -> Result<String, String> {
 
 /// A running Prometheus, killed when dropped (its directory removed then).
 pub struct Prometheus {
-    child: Child,
+    daemon: Daemon,
     pub port: u16,
     /// Holds the configuration files, the storage (`data/`) and the log (`prometheus.log`).
     pub dir: PathBuf,
@@ -70,50 +69,39 @@ impl Prometheus {
         for (name, text) in files {
             std::fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-            let log = std::fs::File::create(dir.join("prometheus.log"))
-                .unwrap_or_else(|e| panic!("prometheus log: {e}"));
-            let mut child = Command::new(binary)
-                .arg(format!("--config.file={}", dir.join(config).display()))
-                .arg(format!(
-                    "--storage.tsdb.path={}",
-                    dir.join("data").display()
-                ))
-                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap_or_else(|e| panic!("{binary}: {e}"));
-            let deadline = Instant::now() + 2 * PATIENCE;
-            while Instant::now() < deadline {
-                if let Ok(Some(status)) = child.try_wait() {
-                    last = format!("exited with {status}");
-                    break;
-                }
-                if get(port, "/-/ready").is_ok() {
-                    return Prometheus { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        let config = dir.join(config);
+        let data = dir.join("data");
+        let daemon = Daemon::start(
+            binary,
+            dir.clone(),
+            "prometheus.log",
+            2 * PATIENCE,
+            "/-/ready",
+            |port| {
+                let mut command = Command::new(binary);
+                command
+                    .arg(format!("--config.file={}", config.display()))
+                    .arg(format!("--storage.tsdb.path={}", data.display()))
+                    .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+                command
+            },
+        );
+        Prometheus {
+            port: daemon.port,
+            daemon,
+            dir,
         }
-        let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
-        let _ = std::fs::remove_dir_all(&dir);
-        panic!("{binary} did not start: {last}\n{log}")
     }
 
     /// What Prometheus has logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+        self.daemon.log()
     }
 
     /// GET `path` (with its query string already encoded) and the reply's `data`, or why not
     /// (an HTTP error, or a `status` other than `success`).
     pub fn api(&self, path: &str) -> Result<Json, String> {
-        let body = get(self.port, path)?;
+        let body = self.daemon.get(path)?;
         let reply = Json::parse(&body)?;
         match reply.get("status").and_then(Json::as_str) {
             Some("success") => reply
@@ -172,14 +160,6 @@ impl Prometheus {
             [one] => Ok(one.value),
             other => Err(format!("{promql}: {} samples: {other:?}", other.len())),
         }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
