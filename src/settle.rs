@@ -152,6 +152,11 @@ pub fn run_all(ctx: &Context) {
     bound::forget_gone();
 }
 
+/// Whether (`db`, `key`) waits to be settled (no key copy while nothing does).
+pub fn is_dirty(db: i32, key: &[u8]) -> bool {
+    state::with_dirty(|d| !d.is_empty() && d.contains(&(db, Box::<[u8]>::from(key))))
+}
+
 /// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.
 pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
     // Commands that change keys do not run while clients are paused; if one does, the key is

@@ -654,3 +654,42 @@ fn a_grant_racing_the_waiters_own_timeout_still_gets_its_reply() {
         }
     }
 }
+
+/// A request that arrives after the holder's TTL passed but before the module's expiry timer
+/// ran opens the key, which the server then expires on that very lookup: the queued waiter
+/// comes first all the same. `DEBUG SLEEP` and the request are pipelined on one connection, so
+/// the server runs the request right after the sleep, with no turn of the event loop (where the
+/// timer would run) in between. Before the fix the request was granted ahead of the waiter.
+#[test]
+fn a_request_that_finds_the_key_expired_on_its_own_lookup_queues_behind_the_waiters() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut c = server.client();
+    for round in 0..3 {
+        let key = format!("lazy:{round}");
+        int(&mut c, &["LOCK.ACQUIRE", &key, "holder", "100"]);
+        let waiter = spawn_waiter(
+            &server,
+            &mut c,
+            &["LOCK.ACQUIRE", &key, "first", "600000", "WAIT", "0"],
+            1,
+        );
+        let (slept, late): (Value, Value) = redis::pipe()
+            .cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .cmd("LOCK.ACQUIRE")
+            .arg(&key)
+            .arg("late")
+            .arg("600000")
+            .query(&mut c)
+            .expect("pipeline");
+        assert_eq!(slept, Value::Okay);
+        assert_eq!(
+            late,
+            Value::Nil,
+            "round {round}: the late request was granted first"
+        );
+        assert!(waiter.token() > 0);
+        assert_eq!(holders(&mut c, &key), vec![("first".to_string(), 1)]);
+    }
+}

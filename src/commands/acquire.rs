@@ -98,6 +98,16 @@ fn request(
     let may_block =
         !flags.intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
     let mut lock_key = LockKey::open_arg(ctx, key_arg);
+    // Opening the key may itself have removed it: a holder's TTL that passed before the
+    // module's timer ran is expired by the server on this lookup, and the key's waiters were
+    // taken out to be served again (`settle::on_unlink`). They came before this request, so
+    // they are queued again first; otherwise this request would find an empty key and be
+    // granted ahead of them (seen once in tests/semaphore.rs's FIFO run under churn).
+    if settle::is_dirty(db, key) {
+        drop(lock_key);
+        settle::run_for(ctx, db, key);
+        lock_key = LockKey::open_arg(ctx, key_arg);
+    }
     let queued_here = lock_key.existing_or_new()?.waiters();
     let wants_to_wait = req.wait.is_some() && may_block;
     // Only a request that may block is counted against its user's limit.
