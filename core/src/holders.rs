@@ -233,6 +233,17 @@ impl HolderSet {
         some
     }
 
+    /// How many holders are live at `now` (a lease just past is not counted before its removal
+    /// runs), counted when there are at most `looks` of them; above that, every recorded
+    /// holder, so a lock with 100,000 readers is not walked (LOCK.QUEUES).
+    pub fn live_count(&self, now: Millis, looks: usize) -> usize {
+        let recorded = self.len();
+        if recorded > looks {
+            return recorded;
+        }
+        self.iter().filter(|(_, h)| h.expires_at > now).count()
+    }
+
     /// Adds a new holder (ending any lock-delay); the caller has checked that `owner` holds
     /// nothing yet.
     pub fn insert(&mut self, owner: &[u8], holder: Holder) {

@@ -1187,6 +1187,11 @@ fn some_live_holders_are_named_within_a_budget() {
     let named = one.lock.holders().some_live(one.now, 10, 64);
     assert_eq!(named.len(), 1);
     assert_eq!(named[0].0, b"w");
+    // The count: live holders within the budget, every recorded one above it.
+    assert_eq!(one.lock.holders().live_count(one.now, 64), 1);
+    assert_eq!(one.lock.holders().live_count(one.now + 10_000, 64), 0);
+    assert_eq!(b.lock.holders().live_count(b.now + 10_000, 64), 1000);
+    assert_eq!(b.lock.holders().live_count(b.now, 1000), 1000);
 }
 
 /// A count never goes past MAX_COUNT, the largest a stored value may carry: a re-entry at it is

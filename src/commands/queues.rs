@@ -95,17 +95,7 @@ fn holders_of(ctx: &Context, db: i32, key: &[u8], now: u64) -> (usize, Vec<Redis
             ])
         })
         .collect();
-    // Live holders only (as LOCK.INFO shows them: a hold whose lease has just passed is gone
-    // even before the module's timer removes it), counted within the same look budget; a key
-    // with more holders than that reports every hold it records.
-    let recorded = lock.holders().len();
-    let holding = if recorded <= HOLDERS_LOOKED_AT {
-        lock.holders()
-            .iter()
-            .filter(|(_, h)| h.expires_at > now)
-            .count()
-    } else {
-        recorded
-    };
+    // Live holders only, as LOCK.INFO shows them, within the same look budget.
+    let holding = lock.holders().live_count(now, HOLDERS_LOOKED_AT);
     (holding, named)
 }
