@@ -6,6 +6,7 @@
  * @packageDocumentation
  */
 
+import { sentence } from "./core/reply.js";
 import type { RedisClientLike } from "./settings.js";
 
 /** What one server (one of the user's clients) answered in one round of an operation. */
@@ -44,8 +45,8 @@ export class ExecutionError extends Error {
   /** One promise of stats per round of the operation. */
   readonly attempts: ReadonlyArray<Promise<ExecutionStats>>;
   constructor(message: string, attempts: ReadonlyArray<Promise<ExecutionStats>>) {
-    super(message);
-    this.message = message;
+    super(sentence(message));
+    this.message = sentence(message); // redlock's own messages are sentences already: unchanged
     this.attempts = attempts;
     this.name = "ExecutionError";
   }
@@ -182,7 +183,7 @@ export class ConnectionLimitError extends ExecutionError {
 /** A request refused before anything was sent (bad duration, owner, capacity, option). */
 export class InvalidRequestError extends Error {
   constructor(message: string) {
-    super(message);
+    super(sentence(message));
     this.name = "InvalidRequestError";
   }
 }

@@ -127,7 +127,7 @@ export default class Redlock extends EventEmitter {
   private readonly live = new Set<Hold>();
 
   /**
-   * @param clients One client per server (ioredis `Redis` or `Cluster`, node-redis v4/v5): at least one.
+   * @param clients One client per server (ioredis `Redis` or `Cluster`, node-redis v4/v5/v6): at least one.
    * @param settings redlock's settings and ours.
    * @param scripts Accepted for redlock compatibility and ignored (no Lua scripts are used).
    */

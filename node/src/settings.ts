@@ -15,6 +15,7 @@
  * @packageDocumentation
  */
 import type { LockLostError } from "./errors.js";
+import { checkWait } from "./core/protocol.js";
 
 /**
  * A Redis client this package can lock through: an ioredis `Redis` or `Cluster`, or a node-redis
@@ -88,6 +89,7 @@ export function constructorSettings(settings: Partial<Settings> = {}): Settings 
  */
 export function serverWait(s: Settings): number | undefined {
   if (s.wait !== undefined) {
+    checkWait(s.wait); // a negative, NaN or non-number wait is refused, never read as "no wait"
     if (s.wait === Infinity) return Infinity;
     return s.wait > 0 ? s.wait : undefined;
   }

@@ -12,6 +12,20 @@ export type Arg = string | Buffer;
  *  RESP2). An error inside an array (an `EXEC` reply) is a {@link ServerReplyError}. */
 export type Reply = null | bigint | string | Reply[] | ServerReplyError;
 
+/**
+ * `message` as a sentence, so that every error of the package prints as `Name: Sentence.`
+ * whatever wording it was built from (a server's error reply, a client library's message, our
+ * own): trailing blanks dropped, a first word in lower case capitalised (a code name such as
+ * `info()` or `maxWaitConnections` is left as it is), a full stop added when the text does not
+ * end a sentence.
+ */
+export function sentence(message: string): string {
+  let m = String(message).trimEnd();
+  if (m === "") return "Unknown error.";
+  if (/^[a-z]+(?=[\s,:;]|$)/.test(m)) m = m.charAt(0).toUpperCase() + m.slice(1);
+  return /[.!?]$/.test(m) ? m : `${m}.`;
+}
+
 /** The server answered with an error reply (message without the leading '-'), e.g. "NOTOWNER ...". */
 export class ServerReplyError extends Error {
   /** The first word of the message, e.g. "NOTOWNER", "WRONGTYPE", "MOVED", "ERR". */
@@ -27,7 +41,7 @@ export class ServerReplyError extends Error {
 /** The connection failed, closed or was destroyed before the reply arrived (the request's fate is unknown). */
 export class ConnectionLostError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
+    super(sentence(message), options);
     this.name = "ConnectionLostError";
   }
 }
@@ -35,7 +49,7 @@ export class ConnectionLostError extends Error {
 /** No reply within the deadline given to send(). */
 export class ReplyTimeoutError extends Error {
   constructor(message: string) {
-    super(message);
+    super(sentence(message));
     this.name = "ReplyTimeoutError";
   }
 }
@@ -47,7 +61,7 @@ export class UnsafeIntegerReplyError extends Error {
   /** The number as received (possibly rounded). */
   readonly received: number;
   constructor(received: number) {
-    super(`the server's integer reply ${received} was read as an inexact JavaScript number (above 2^53 - 1); refused rather than rounded`);
+    super(`The server's integer reply ${received} was read as an inexact JavaScript number (above 2^53 - 1); refused rather than rounded.`);
     this.name = "UnsafeIntegerReplyError";
     this.received = received;
   }
@@ -56,7 +70,7 @@ export class UnsafeIntegerReplyError extends Error {
 /** The user's client is not one this package can drive. */
 export class UnsupportedClientError extends TypeError {
   constructor(message: string) {
-    super(message);
+    super(sentence(message));
     this.name = "UnsupportedClientError";
   }
 }

@@ -59,8 +59,16 @@ export interface IoredisClusterLike {
   quit(): Promise<unknown>;
 }
 
-/** The overrides of every connection of ours. */
+/** The overrides of every connection of ours. `protocol: 2`: ioredis 6 speaks RESP3 by default
+ *  (`HELLO 3`), and a RESP3 subscriber gets tracking invalidations as `invalidate` push frames,
+ *  which ioredis does not hand to `message` listeners: the watcher would never hear of a loss.
+ *  Our connections speak RESP2 whatever the user's client speaks (ioredis 5 knows no `protocol`
+ *  option and always speaks RESP2); with it go the RESP2 reply shapes (`replyMapping`) and no
+ *  maintenance-notification registration, which needs RESP3. */
 export const IOREDIS_OVERRIDES: Readonly<Record<string, unknown>> = {
+  protocol: 2,
+  replyMapping: "legacy",
+  maintNotifications: "disabled",
   lazyConnect: true,
   stringNumbers: true,
   enableOfflineQueue: false,

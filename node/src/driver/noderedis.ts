@@ -1,7 +1,8 @@
 /**
- * The node-redis adapters (v4 and v5 `createClient()` clients), duck-typed (no runtime import
- * of redis). Our connections are `duplicate()`s of the user's client with overrides: no
- * reconnect, no offline queue, RESP2, no legacy mode.
+ * The node-redis adapters (v4, v5 and v6 `createClient()` clients), duck-typed (no runtime
+ * import of redis). Our connections are `duplicate()`s of the user's client with overrides: no
+ * reconnect, no offline queue, RESP2 (v6 speaks RESP3 by default; v5 may be asked to), no
+ * legacy mode. v6 is driven as v5 (same `sendCommand` options and type mapping).
  *
  * Exact integers: v5 reads them as decimal strings through a per-command type mapping
  * (`NUMBER → String`, strings → Buffer, so the two stay apart). v4 has no such option: its
@@ -24,7 +25,7 @@ import {
 
 type Listener = (...args: unknown[]) => void;
 
-/** The part of a node-redis (v4 or v5) client this package uses. */
+/** The part of a node-redis (v4, v5 or v6) client this package uses. */
 export interface NodeRedisLike {
   readonly options?: { socket?: Record<string, unknown>; url?: string } & Record<string, unknown>;
   readonly isOpen: boolean;
@@ -37,7 +38,7 @@ export interface NodeRedisLike {
   destroy?(): void;
   quit?(): Promise<unknown>;
   close?(): Promise<unknown>;
-  /** v5 only. */
+  /** v5 and v6 only. */
   withTypeMapping?: unknown;
 }
 
@@ -174,6 +175,7 @@ export class NodeRedisFactory implements ConnFactory {
       overrides["RESP"] = 2;
       overrides["commandOptions"] = undefined;
       overrides["clientSideCache"] = undefined;
+      overrides["emitInvalidate"] = undefined; // v6, RESP3-only: refused with RESP2 otherwise
       overrides["pingInterval"] = undefined;
       overrides["maintNotifications"] = "disabled"; // RESP3-only: refused with RESP2 otherwise
     } else {

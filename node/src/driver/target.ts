@@ -11,7 +11,7 @@ function isObject(x: unknown): x is Record<string, unknown> {
   return x !== null && typeof x === "object";
 }
 
-/** Detects ioredis Redis, ioredis Cluster, node-redis v4 and v5 (createClient) by shape. */
+/** Detects ioredis Redis, ioredis Cluster, node-redis v4, v5 and v6 (createClient) by shape. */
 export function targetFor(client: unknown, options?: TargetOptions): Target {
   const opts: Required<TargetOptions> = {
     maxWaitConnections: options?.maxWaitConnections ?? 64,
@@ -36,7 +36,7 @@ export function targetFor(client: unknown, options?: TargetOptions): Target {
   if (typeof client["sendCommand"] === "function" && typeof client["getSlotMaster"] === "function") {
     throw new UnsupportedClientError("node-redis cluster clients (createCluster) are not supported: use ioredis Cluster or one client per master");
   }
-  throw new UnsupportedClientError("expected an ioredis Redis or Cluster, or a node-redis v4/v5 client (createClient)");
+  throw new UnsupportedClientError("expected an ioredis Redis or Cluster, or a node-redis v4/v5/v6 client (createClient)");
 }
 
 function sleep(ms: number): Promise<void> {

@@ -1,6 +1,6 @@
 /**
  * The driver layer: how the package talks to Redis through the client a user already has
- * (ioredis `Redis`, ioredis `Cluster`, node-redis v4 or v5), duck-typed, with no runtime
+ * (ioredis `Redis`, ioredis `Cluster`, node-redis v4, v5 or v6), duck-typed, with no runtime
  * dependency on any of them. Every connection used here is the package's own, made with the
  * user's client's `duplicate()` (so host, port, TLS, auth and db are the user's).
  * @packageDocumentation

@@ -3,6 +3,7 @@ import { ChildProcess, spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 
+import { hostModule } from "./clients.js";
 import { exited, tempDir, track } from "./server.js";
 
 /** The compiled package the tests import (build/src/index.js, next to build/test/). */
@@ -103,7 +104,7 @@ export interface HolderOptions {
 
 /** The source of a holder: takes the lock, prints `held <token> <owner>`, then sleeps forever. */
 export function holderScript(o: HolderOptions): string {
-  const ioredis = JSON.stringify(require.resolve("ioredis"));
+  const ioredis = JSON.stringify(require.resolve(hostModule("ioredis")));
   const head = `"use strict";
 const Redis = require(${ioredis});
 const client = new Redis({ host: "127.0.0.1", port: ${o.port}${(o.via ?? "package") === "raw" ? ", stringNumbers: true" : ""} });

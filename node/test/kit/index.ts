@@ -16,19 +16,25 @@ export {
 export { Cluster, cliBinary, keySlot } from "./cluster.js";
 export { TlsServer, makeCertificates, type Certificates } from "./tls.js";
 export {
+  HOST_VARIANTS,
   closeClient,
+  hostDescription,
+  hostModule,
+  hostVariant,
   makeIoredis,
   makeIoredisCluster,
   makeNodeRedis,
   makeNodeRedis4,
+  moduleVersion,
   type Address,
+  type HostVariant,
   type NodeRedis4,
   type NodeRedis4Options,
   type NodeRedis5,
   type NodeRedis5Options,
 } from "./clients.js";
 export { PACKAGE_ENTRY, holderScript, parseHeld, spawnHolder, spawnNode, type Child, type HolderOptions, type SpawnNodeOptions } from "./child.js";
-export { PATIENCE_MS, now, percentile, sleep, until, waitFor, type WaitForOptions } from "./wait.js";
+export { PATIENCE_MS, TIMING_SCALE, now, percentile, scaled, sleep, until, waitFor, type WaitForOptions } from "./wait.js";
 export { parseCommandstats, parseInfo, parseLockInfo, type CommandStat, type KitHolder, type KitLockInfo } from "./info.js";
 export { RespConn, RespError, command, encode, parseReply, type RespValue } from "./resp.js";
 

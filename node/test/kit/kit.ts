@@ -3,11 +3,12 @@
 // test still leaves nothing running and `node --test` exits.
 import { after } from "node:test";
 
-import { Redis as IORedis, Cluster as IORedisCluster, type ClusterOptions, type RedisOptions } from "ioredis";
+import type { Redis as IORedis, Cluster as IORedisCluster, ClusterOptions, RedisOptions } from "ioredis";
 
 import { spawnHolder, spawnNode, type Child, type HolderOptions, type SpawnNodeOptions } from "./child.js";
 import {
   closeClient,
+  hostVariant,
   makeIoredis,
   makeIoredisCluster,
   makeNodeRedis,
@@ -24,8 +25,12 @@ import { TlsServer } from "./tls.js";
 
 /** The clients the scenario tables run with. */
 export type ClientKind = "ioredis" | "node-redis" | "node-redis4";
-/** Every {@link ClientKind}. */
-export const CLIENT_KINDS: readonly ClientKind[] = ["ioredis", "node-redis", "node-redis4"];
+/** The {@link ClientKind}s the scenario tables run with: all three, or only the kind of the
+ *  host library release REDIS_LOCK_NODE_HOST selects (see clients.ts). */
+export const CLIENT_KINDS: readonly ClientKind[] = ((): readonly ClientKind[] => {
+  const v = hostVariant();
+  return v ? [v.kind] : ["ioredis", "node-redis", "node-redis4"];
+})();
 
 /** Owns what a test file (or one test) starts; {@link close} kills it all. */
 export class Kit {
