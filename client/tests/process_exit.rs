@@ -1,7 +1,9 @@
 //! Issue 24, "nothing held past its process": a child process (this test binary run again,
 //! for one `#[ignore]`d child test, with the server and key in its environment) takes a lock
 //! with a 30 s ttl, says so on stdout, and ends; the parent then polls `LOCK.INFO` until the
-//! key has no holder. The issue's bound is 100 ms from the child's exit.
+//! key has no holder. The issue's bound is 100 ms from the child's exit: no query sent 100 ms
+//! or more after the exit may see the key held (a bound on when a query is sent, so that a
+//! loaded machine delaying the answers cannot fail it; see `freed_after_exit`).
 //!
 //! - async: a guard alive at the end of `#[tokio::main]`-shaped code (the runtime is built as
 //!   the macro builds it, the guard is dropped as `main`'s future completes, then the runtime
@@ -80,20 +82,37 @@ fn spawn_child(name: &str, server: &Server, key: &str) -> (Child, String) {
     (child, owner)
 }
 
-/// After the child ended (at `exited`): how long until the key had no holder.
+/// After the child ended (at `exited`): the key must have no holder for any `LOCK.INFO` sent
+/// `FREE_BOUND` or more after the exit. The bound is on when a query was *sent*, not on when
+/// its answer came: the server handles the child's release (sent before it exited) or its
+/// closed socket (closed by the kernel before `wait` returned) ahead of any later command, so
+/// a query sent after the bound sees a free key however long a loaded machine keeps the server
+/// (or this thread) waiting for a CPU; a lock held until its ttl (30 s) fails it. The time to
+/// the first answer that saw the key free is printed.
 fn freed_after_exit(server: &Server, key: &str, exited: Instant, what: &str) {
     let mut c = server.client();
-    let took = poll_1ms(LOOK_FOR, || holders(&mut c, key).is_empty()).map(|_| exited.elapsed());
+    let mut held_past_bound = None;
+    let took = poll_1ms(LOOK_FOR, || {
+        let sent = exited.elapsed();
+        let free = holders(&mut c, key).is_empty();
+        if !free && sent >= FREE_BOUND && held_past_bound.is_none() {
+            held_past_bound = Some(sent);
+        }
+        free
+    })
+    .map(|_| exited.elapsed());
     match took {
         Some(d) => {
             eprintln!(
                 "{what}: free {:.1} ms after the child's exit",
                 d.as_secs_f64() * 1e3
             );
-            assert!(
-                d <= FREE_BOUND,
-                "{what}: free only after {d:?} (bound {FREE_BOUND:?})"
-            );
+            if let Some(sent) = held_past_bound {
+                panic!(
+                    "{what}: still held for a query sent {sent:?} after the exit (bound \
+                     {FREE_BOUND:?}); free {d:?} after it"
+                );
+            }
         }
         None => panic!(
             "{what}: still held {LOOK_FOR:?} after the child's exit: {:?}",

@@ -2,17 +2,53 @@
 //! client before its fix): a quorum lock on exactly a majority losing one server, a key
 //! changed again while its re-read is out, a change between a waited grant and the guard's
 //! registration, a cancelled async release, a timeout too large for the clock.
+//!
+//! What these races got wrong was a loss never noticed (or a hold never released) before the
+//! 30 s ttl, so each check waits for the event up to [`notice_bound`] (5 s), far below the ttl
+//! and far above what a loaded machine adds (the loss is normally noticed within a few ms; the
+//! time taken is printed), instead of looking once after a fixed sleep.
 #![cfg(feature = "tokio")]
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use redis_lock_client::Acquire;
-use redis_lock_testkit::query;
+use redis_lock_testkit::{query, scaled, waiting, PATIENCE};
 
 const TTL: Duration = Duration::from_secs(30);
+
+/// How long a check waits for the loss (or the release) to show: a sixth of [`TTL`], times
+/// `REDIS_LOCK_TEST_TIME_FACTOR`.
+fn notice_bound() -> Duration {
+    scaled(Duration::from_secs(5))
+}
+
+/// Polls `cond` until it holds or [`notice_bound`] passes: how long it took, or `None`.
+fn within_bound(cond: impl FnMut() -> bool) -> Option<Duration> {
+    poll_1ms(notice_bound(), cond)
+}
+
+/// The async twin of [`within_bound`] (yields to the runtime between checks).
+async fn within_bound_async(mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    let bound = notice_bound();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= bound {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Waits until `key` has a waiter on the server (the waited grant's set-up).
+fn wait_until_queued(c: &mut redis_lock_testkit::Connection, key: &str) {
+    redis_lock_testkit::wait_until("the client's wait is queued", || waiting(c, key) == 1);
+}
 
 #[test]
 fn a_redlock_on_exactly_a_quorum_is_lost_when_one_of_its_servers_is() {
@@ -30,15 +66,12 @@ fn a_redlock_on_exactly_a_quorum_is_lost_when_one_of_its_servers_is() {
         &mut servers[0].client(),
         &["LOCK.ACQUIRE", "k", "someone-else", "30000"],
     );
-    std::thread::sleep(Duration::from_millis(500));
-    println!(
-        "after 500 ms: is_lost = {}, validity = {:?}",
-        guard.is_lost(),
-        guard.validity()
-    );
+    let took = within_bound(|| guard.is_lost());
+    println!("noticed after {took:?}; validity {:?}", guard.validity());
     assert!(
-        guard.is_lost(),
-        "another owner holds 2 of 3 servers; our guard still says held"
+        took.is_some(),
+        "another owner holds 2 of 3 servers; our guard still says held after {:?}",
+        notice_bound()
     );
 }
 
@@ -56,15 +89,12 @@ fn an_async_redlock_on_exactly_a_quorum_is_lost_when_one_of_its_servers_is() {
             &mut servers[0].client(),
             &["LOCK.ACQUIRE", "k", "someone-else", "30000"],
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        println!(
-            "after 500 ms: is_lost = {}, validity = {:?}",
-            guard.is_lost(),
-            guard.validity()
-        );
+        let took = within_bound_async(|| guard.is_lost()).await;
+        println!("noticed after {took:?}; validity {:?}", guard.validity());
         assert!(
-            guard.is_lost(),
-            "another owner holds 2 of 3 servers; our guard still says held"
+            took.is_some(),
+            "another owner holds 2 of 3 servers; our guard still says held after {:?}",
+            notice_bound()
         );
     });
 }
@@ -87,14 +117,16 @@ fn async_a_key_changed_again_while_its_reread_is_out_is_reread() {
             let spin = std::time::Instant::now();
             while spin.elapsed() < Duration::from_micros(25 * (i as u64 % 40)) {}
             let _ = query(&mut raw, &["DEL", &key]); // push 2, while re-read 1 may be out
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            if !guard.is_lost() {
+            if within_bound_async(|| guard.is_lost()).await.is_none() {
                 missed += 1;
             }
             drop(guard);
         }
     });
-    println!("async: DEL not noticed within 300 ms in {missed} of {n} rounds");
+    println!(
+        "async: DEL not noticed within {:?} in {missed} of {n} rounds",
+        notice_bound()
+    );
     assert_eq!(missed, 0);
 }
 
@@ -112,13 +144,15 @@ fn sync_a_key_changed_again_while_its_reread_is_out_is_reread() {
         std::thread::sleep(Duration::from_millis(50));
         let _ = query(&mut raw, &["PEXPIRE", &key, "100000"]);
         let _ = query(&mut raw, &["DEL", &key]);
-        std::thread::sleep(Duration::from_millis(300));
-        if !guard.is_lost() {
+        if within_bound(|| guard.is_lost()).is_none() {
             missed += 1;
         }
         drop(guard);
     }
-    println!("sync: DEL not noticed within 300 ms in {missed} of {n} rounds");
+    println!(
+        "sync: DEL not noticed within {:?} in {missed} of {n} rounds",
+        notice_bound()
+    );
     assert_eq!(missed, 0);
 }
 
@@ -136,8 +170,9 @@ fn a_cancelled_async_release_still_releases() {
             let guard = client.try_lock(&key, TTL).await.unwrap();
             // A caller's timeout (or select!) on the release, cancelled before the reply.
             let _ = tokio::time::timeout(Duration::from_micros(1), guard.release()).await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if !redis_lock_testkit::holders(&mut raw, &key).is_empty() {
+            let released =
+                within_bound_async(|| redis_lock_testkit::holders(&mut raw, &key).is_empty()).await;
+            if released.is_none() {
                 left += 1;
             }
         }
@@ -199,8 +234,11 @@ fn a_change_between_a_waited_grant_and_the_guards_registration_is_noticed() {
             .query(&mut raw)
             .unwrap();
         let k2 = key.clone();
+        let mut watch = server.client();
         let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
+            // Once the client's wait is queued (not after a guessed delay: under load the
+            // wait could come after the release, and then nothing is lost).
+            wait_until_queued(&mut watch, &k2);
             let _: Vec<redis_lock_client::redis::Value> = redis_lock_client::redis::pipe()
                 .cmd("LOCK.RELEASE")
                 .arg(&k2)
@@ -210,10 +248,9 @@ fn a_change_between_a_waited_grant_and_the_guards_registration_is_noticed() {
                 .query(&mut raw)
                 .unwrap_or_default();
         });
-        let guard = client.lock(&key, TTL, Duration::from_secs(5)).unwrap();
+        let guard = client.lock(&key, TTL, scaled(PATIENCE)).unwrap();
         t.join().unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        if !guard.is_lost() {
+        if within_bound(|| guard.is_lost()).is_none() {
             missed_sync += 1;
         }
     }
@@ -242,8 +279,9 @@ fn a_change_between_a_waited_grant_and_the_guards_registration_is_noticed() {
                 .query(&mut raw)
                 .unwrap();
             let k2 = key.clone();
+            let mut watch = server.client();
             let t = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
+                wait_until_queued(&mut watch, &k2);
                 let _: Vec<redis_lock_client::redis::Value> = redis_lock_client::redis::pipe()
                     .cmd("LOCK.RELEASE")
                     .arg(&k2)
@@ -254,17 +292,20 @@ fn a_change_between_a_waited_grant_and_the_guards_registration_is_noticed() {
                     .unwrap_or_default();
             });
             let guard = client
-                .acquire(&key, Acquire::write(TTL).wait(Duration::from_secs(5)))
+                .acquire(&key, Acquire::write(TTL).wait(scaled(PATIENCE)))
                 .await
                 .unwrap();
             t.join().unwrap();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            if !guard.is_lost() {
+            if within_bound_async(|| guard.is_lost()).await.is_none() {
                 missed += 1;
             }
         }
         missed
     });
-    println!("DEL right after a waited grant, not noticed in 300 ms: sync {missed_sync}/{n}, async {missed_async}/{n}");
+    println!(
+        "DEL right after a waited grant, not noticed within {:?}: sync {missed_sync}/{n}, async \
+         {missed_async}/{n}",
+        notice_bound()
+    );
     assert_eq!((missed_sync, missed_async), (0, 0));
 }

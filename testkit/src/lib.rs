@@ -31,6 +31,30 @@ pub use waiter::*;
 /// Generous bound for "eventually" conditions on a shared 2-core machine.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// The environment variable holding the factor on the tests' time margins ([`time_factor`]).
+pub const TIME_FACTOR_VAR: &str = "REDIS_LOCK_TEST_TIME_FACTOR";
+
+/// The factor on the tests' upper time bounds and waits: `REDIS_LOCK_TEST_TIME_FACTOR` (a
+/// number of at least 1; default 1). The defaults hold on a 2-core machine busy with a parallel
+/// build; the factor is for slower runs (a server under valgrind, an emulated CPU). It only
+/// lengthens: lower bounds ("not before") and the figures the tests print are never scaled, and
+/// a value below 1 or not a number is refused with a panic naming the variable.
+pub fn time_factor() -> f64 {
+    match std::env::var(TIME_FACTOR_VAR) {
+        Err(_) => 1.0,
+        Ok(v) if v.trim().is_empty() => 1.0,
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(f) if f.is_finite() && f >= 1.0 => f,
+            _ => panic!("{TIME_FACTOR_VAR}={v:?}: expected a number of at least 1 (e.g. 3)"),
+        },
+    }
+}
+
+/// `d` times [`time_factor`]: for upper bounds and waits.
+pub fn scaled(d: Duration) -> Duration {
+    d.mul_f64(time_factor())
+}
+
 /// How early the server may end a hold, by this process's clock. The server computes deadlines
 /// on its millisecond wall clock (`now_ms + ttl`, with `now_ms` truncated), so a TTL or a lock
 /// delay can end up to 1 ms before `sent + ttl` measured on this process's monotonic clock; one
@@ -61,9 +85,9 @@ impl Rng {
     }
 }
 
-/// Polls `cond` until it holds, failing after [`PATIENCE`].
+/// Polls `cond` until it holds, failing after [`PATIENCE`] (times [`time_factor`]).
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
+    let deadline = Instant::now() + scaled(PATIENCE);
     while Instant::now() < deadline {
         if cond() {
             return;

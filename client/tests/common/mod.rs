@@ -106,3 +106,19 @@ pub fn p50_max_ms(samples: &mut [Duration]) -> (f64, f64) {
 pub fn connected_clients(c: &mut Connection) -> u64 {
     redis_lock_testkit::info_u64(c, "clients", "connected_clients")
 }
+
+/// After a Redlock release: `key` is gone from every server within a few seconds (a Redlock
+/// release answers once a quorum confirmed; the others' replies may still be on their way).
+/// The bound (2 s, times `REDIS_LOCK_TEST_TIME_FACTOR`; normally it takes a millisecond or two)
+/// stays below the callers' ttls (5 s and 10 s), so a server the release never reached, whose
+/// key would last until its ttl, still fails.
+pub fn gone_from_every_server(servers: &[Server], key: &str) {
+    let bound = redis_lock_testkit::scaled(Duration::from_secs(2));
+    for (i, s) in servers.iter().enumerate() {
+        let mut c = s.client();
+        assert!(
+            poll_1ms(bound, || !exists(&mut c, key)).is_some(),
+            "`{key}` still on server {i} {bound:?} after the release"
+        );
+    }
+}
