@@ -1,7 +1,7 @@
 """Runs redis-py's own Lock tests (``tests/test_lock.py`` and ``tests/test_asyncio/test_lock.py``
 from its sdist on PyPI, unmodified) against this package, on a server with the module.
 
-Usage: ``<venv>/bin/python python/compat/run.py VERSION [pytest args...]`` (for instance
+Usage: ``<venv>/bin/python python/compat/run.py VERSION [--from-pypi] [pytest args...]`` (for instance
 ``--protocol 3``, an option of redis-py's conftest, or ``-k extend``; ``--their-lock`` runs
 the same tests on redis-py's own Lock, nothing deselected, to check the harness), with the venv made
 by ``make test-python-redispy`` (redis-py VERSION, the test requirements pinned in
@@ -55,6 +55,19 @@ def sha256_of(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def published_sha256(version: str) -> str:
+    """The sha256 PyPI publishes for ``redis-VERSION.tar.gz`` (``--from-pypi``: a version not
+    pinned here, such as the newest one for ``make test-latest-python``)."""
+    name = f"redis-{version}.tar.gz"
+    req = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        index = json.load(resp)
+    for f in index.get("files", []):
+        if f.get("filename") == name:
+            return str(f.get("hashes", {}).get("sha256", ""))
+    raise SystemExit(f"{name} is not on {INDEX}")
 
 
 def sdist_url(version: str, sha: str) -> str:
@@ -160,9 +173,15 @@ def main(argv: List[str]) -> int:
     # harness (every test passes there).
     theirs = "--their-lock" in extra
     extra = [a for a in extra if a != "--their-lock"]
+    # --from-pypi: a version not in versions.txt, its sdist checked against the hash PyPI
+    # publishes (make test-latest-python).
+    from_pypi = "--from-pypi" in extra
+    extra = [a for a in extra if a != "--from-pypi"]
     table = pins()
+    if from_pypi and version not in table:
+        table[version] = (published_sha256(version), [])
     if version not in table:
-        raise SystemExit(f"redis-py {version} is not pinned in versions.txt ({', '.join(table)})")
+        raise SystemExit(f"redis-py {version} is not pinned in versions.txt ({', '.join(table)}); --from-pypi takes PyPI's hash")
     import redis
 
     if redis.__version__ != version:

@@ -157,7 +157,7 @@ def test_a_request_against_a_stopped_server_ends_within_its_deadline(server: kit
         await pool.disconnect()
 
     run(main())
-    assert all(1.9 <= t < 2.3 for t in took), took
+    assert all(1.9 <= t < 2.0 + kit.late() for t in took), took
 
 
 def test_cancelled_waiters_leave_the_queue_and_their_places(server: kit.Server) -> None:
@@ -320,7 +320,7 @@ def test_asyncio_lock_client_queue_timeout_and_limit_errors(server: kit.Server) 
         started = time.monotonic()
         got = await asyncio.wait_for(Lock(client, "afree", timeout=30).acquire(blocking_timeout=0.5), 10)
         took = time.monotonic() - started
-        assert got is False and 0.45 <= took < 1.5, (got, took)
+        assert got is False and 0.45 <= took < 1.5 + kit.late(), (got, took)
         started = time.monotonic()
         with pytest.raises(redis_lock_client.ConnectionLimitError) as e:
             await asyncio.wait_for(Lock(client, "abound", timeout=None).acquire(blocking=False), 10)

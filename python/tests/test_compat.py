@@ -196,11 +196,16 @@ def test_sleep_is_accepted_and_ignored(r: "redis.Redis[bytes]") -> None:
     a = Lock(r, "k", timeout=10, thread_local=False)
     a.acquire()
     b = Lock(r, "k", timeout=10, sleep=100)  # a sleep this long would fail the test if used
-    threading.Timer(0.2, a.release).start()
+    timer = threading.Timer(0.2, a.release)
+    timer.start()
     t0 = time.monotonic()
     assert b.acquire(sleep=100, blocking_timeout=10)
     assert time.monotonic() - t0 < 5
     b.release()
+    # b is granted inside a's release, maybe before the timer's thread has read its reply: wait
+    # for it, or the fixture closes the client under that read (seen under load).
+    timer.join(10)
+    assert not timer.is_alive()
 
 
 @pytest.mark.parametrize(

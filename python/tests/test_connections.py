@@ -239,7 +239,7 @@ def test_a_request_against_a_stopped_server_ends_within_its_deadline(server: kit
             took.append(time.monotonic() - started)
     finally:
         server.resume()
-    assert all(1.9 <= t < 2.3 for t in took), took
+    assert all(1.9 <= t < 2.0 + kit.late() for t in took), took
     pool.disconnect()
 
 
@@ -249,7 +249,7 @@ def test_a_request_with_no_connection_free_ends_within_its_deadline(server: kit.
     started = time.monotonic()
     with pytest.raises(conns.ConnectionLimitError):
         conns.request(pool, ["PING"], time.monotonic() + 0.5)
-    assert 0.45 <= time.monotonic() - started < 1.0
+    assert 0.45 <= time.monotonic() - started < 0.5 + kit.late()
     pool.release(held)
     assert conns.request(pool, ["PING"], time.monotonic() + 2) in (b"PONG", True)
     pool.disconnect()
@@ -323,7 +323,7 @@ def test_reconnect_gives_up_at_its_deadline_and_at_once_on_bad_auth() -> None:
         started = time.monotonic()
         with pytest.raises(redis.exceptions.ConnectionError):
             conns.reconnect(conn, time.monotonic() + 1.0)
-        assert 0.95 <= time.monotonic() - started < 1.5
+        assert 0.95 <= time.monotonic() - started < 1.0 + kit.late()
         conns.abandon(conn, None)
         assert conns.in_use(pool2) == (0, 0)
     finally:
@@ -389,7 +389,7 @@ def test_a_wait_that_runs_out_queued_in_the_client_returns_false(server: kit.Ser
     out = acquire_in_thread(Lock(client, "free", timeout=30), 10, blocking_timeout=0.5)
     assert "hung" not in out, "a wait queued in the client ignored its blocking_timeout"
     assert out.get("result") is False, out
-    assert 0.45 <= out["took"] < 1.5, out
+    assert 0.45 <= out["took"] < 1.5 + kit.late(), out
     assert conns.in_use(pool) == (1, 0)
     holder.release()
     wait_for(lambda: waiter.local.token is not None, 10, what="the long wait's grant")
@@ -435,7 +435,7 @@ def test_lock_level_connection_limit_errors(server: kit.Server, r: "redis.Redis[
     assert "hung" not in out, "the wait for a pool connection ignored blocking_timeout"
     err = out.get("error")
     assert isinstance(err, redis_lock_client.ConnectionLimitError) and err.limit == "max_connections", out
-    assert 0.45 <= out["took"] < 1.5, out
+    assert 0.45 <= out["took"] < 1.5 + kit.late(), out
     for c in held:
         bpool.release(c)
     assert conns.in_use(bpool) == (0, 0)

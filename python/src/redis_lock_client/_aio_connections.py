@@ -83,7 +83,7 @@ def pool_of(client: Any, name: Any, address: Optional[Tuple[str, int]] = None) -
 def new_connection(pool: Any, socket_timeout: Optional[float] = None) -> Any:
     """A connection made from the pool's arguments but NOT counted by the pool, with no
     retries (Redlock's instances); waits and bound holds use :func:`take`."""
-    return pool.connection_class(**dedicated_kwargs(pool.connection_kwargs, socket_timeout))
+    return pool.connection_class(**dedicated_kwargs(pool.connection_kwargs, socket_timeout, True))
 
 
 def _stock(pool: Any, class_name: str) -> bool:
@@ -113,6 +113,16 @@ def _count(pool: Any) -> int:
     return len(pool._available_connections) + len(pool._in_use_connections)
 
 
+def _available(pool: Any) -> Tuple[Any, bool]:
+    """``pool.get_available_connection()`` and whether it made a new connection."""
+    before = _count(pool)
+    try:
+        conn = pool.get_available_connection()
+    except ConnectionError as e:  # "Too many connections" (MaxConnectionsError)
+        raise pool_limit_error(pool, e) from e
+    return conn, _count(pool) > before
+
+
 async def _slot(pool: Any, deadline: Optional[float]) -> Any:
     """A connection of ``pool``, counted as in use by it, not necessarily connected; waits for
     one (a ``BlockingConnectionPool``) at most until ``deadline``."""
@@ -134,17 +144,19 @@ async def _slot(pool: Any, deadline: Optional[float]) -> Any:
         await _record_taken(pool, created)
         return conn
     if _stock(pool, "ConnectionPool") and hasattr(pool, "get_available_connection"):
-        async with pool._lock:
-            before = _count(pool)
-            try:
-                conn = pool.get_available_connection()
-            except ConnectionError as e:  # "Too many connections" (MaxConnectionsError)
-                raise pool_limit_error(pool, e) from e
-            created = _count(pool) > before
+        # redis-py 5.3+ guards the pool with an asyncio.Lock (``_lock``) where it awaits while
+        # changing it; 5.0 to 5.2 have none. get_available_connection itself never awaits, so
+        # nothing can come between; where the lock exists we take it, to keep out of redis-py's
+        # own sections under it.
+        guard = getattr(pool, "_lock", None)
+        if isinstance(guard, asyncio.Lock):
+            async with guard:
+                conn, created = _available(pool)
+        else:
+            conn, created = _available(pool)
         await _record_taken(pool, created)
         return conn
-    # redis-py 5.0 to 5.2's asyncio pools, or a pool of another make: its own get_connection
-    # (which connects), cut to the time left.
+    # A pool of another make: its own get_connection (which connects), cut to the time left.
     try:
         return await asyncio.wait_for(pool.get_connection(*public_get_connection_args(pool.get_connection)), remaining(deadline))
     except asyncio.TimeoutError:
@@ -219,7 +231,7 @@ async def take(pool: Any, deadline: Optional[float] = None, wait: bool = True, q
         if wait:
             gate_of(pool).leave(wait_cap(pool))
         raise
-    _lend(pool, conn, wait)
+    _lend(pool, conn, wait, aio=True)
     return conn
 
 

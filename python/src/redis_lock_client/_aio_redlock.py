@@ -55,7 +55,7 @@ class _Instance(rc.InstanceBase):
             # Another process's (fork) or event loop's streams are unusable here.
             if owner_pid == pid and owner_loop is loop and not _is_closed(conn):
                 return conn
-        return self.pool.connection_class(**dedicated_kwargs(self.pool.connection_kwargs, None))
+        return self.pool.connection_class(**dedicated_kwargs(self.pool.connection_kwargs, None, True))
 
     def put(self, conn: Any) -> None:
         if len(self._idle) < 8:

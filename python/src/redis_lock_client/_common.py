@@ -67,9 +67,12 @@ Number_ = numbers.Real
 
 def _init_error(err: LockError, message: str, lock_name: Any) -> None:
     # redis-py 5 to 8 differ in LockError's constructor (``lock_name`` arrived later): set the
-    # attributes here so every version shows the same ones.
+    # attributes here so every version shows the same ones. Before 8.1 it does not call
+    # Exception.__init__, so ``args`` kept every argument given and str() showed a tuple:
+    # ``args`` is the message alone on every version (pickling keeps the rest in __dict__).
     setattr(err, "message", message)
     setattr(err, "lock_name", lock_name)
+    err.args = (message,)
 
 
 def make_error(cls: Type[LockError], message: str, lock_name: Any = None) -> LockError:
@@ -82,6 +85,10 @@ def make_error(cls: Type[LockError], message: str, lock_name: Any = None) -> Loc
 class LockArgumentError(LockError):
     """An argument the module would refuse (a ttl of 0, a token over 1024 bytes, ...): raised
     before anything is sent. A ``ValueError`` too, as every ``LockError`` is."""
+
+    def __init__(self, message: str = "", lock_name: Any = None) -> None:
+        super().__init__(message)
+        _init_error(self, message, lock_name)
 
 
 class LockLostError(LockNotOwnedError):
@@ -234,6 +241,17 @@ def delay_ms(value: Any, what: str = "lock_delay") -> int:
     if f > MAX_MS / 1000:
         raise LockArgumentError(f"{what} must be at most 2^47 ms, not {value!r} s")
     return int(math.ceil(f * 1000 - 1e-9)) if f > 0 else 0
+
+
+def check_sleep(value: Any) -> Optional[float]:
+    """redis-py's polling interval (``sleep``), accepted where redis-py accepts it and unused:
+    a wait queues on the server, nothing polls. None (the lock's own) or seconds >= 0."""
+    if value is None:
+        return None
+    f = _number(value, "sleep")
+    if f < 0:
+        raise LockArgumentError(f"sleep must be 0 seconds or more, not {value!r}")
+    return f
 
 
 def check_blocking_timeout(value: Any) -> Optional[float]:
@@ -457,16 +475,28 @@ def drift(ttl_seconds: float, factor: float) -> float:
     return ttl_seconds * factor + 0.002
 
 
-def dedicated_kwargs(kwargs: Dict[str, Any], socket_timeout: Optional[float]) -> Dict[str, Any]:
-    """A pool's connection arguments for a connection of our own: the given read timeout and
-    no retries (a command is never sent twice, so a wait never goes back to the end of the
-    queue)."""
+def no_retry(aio: bool) -> Any:
+    """A redis-py ``Retry`` that never retries, of the kind the connection needs: an asyncio
+    connection gets ``redis.asyncio.retry.Retry`` (there since redis-py 5.0; 8.2 converts a
+    sync one given to an asyncio client, with a ``UserWarning``)."""
     from redis.backoff import NoBackoff
+
+    if aio:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        return AsyncRetry(NoBackoff(), 0)
     from redis.retry import Retry
 
+    return Retry(NoBackoff(), 0)
+
+
+def dedicated_kwargs(kwargs: Dict[str, Any], socket_timeout: Optional[float], aio: bool) -> Dict[str, Any]:
+    """A pool's connection arguments for a connection of our own: the given read timeout and
+    no retries (a command is never sent twice, so a wait never goes back to the end of the
+    queue); ``aio``: for an asyncio connection."""
     out = dict(kwargs)
     out["socket_timeout"] = socket_timeout
-    out["retry"] = Retry(NoBackoff(), 0)
+    out["retry"] = no_retry(aio)
     out.pop("retry_on_timeout", None)
     if "retry_on_error" in out:
         out["retry_on_error"] = []

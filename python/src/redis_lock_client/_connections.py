@@ -46,7 +46,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from redis.exceptions import ConnectionError, LockError, ResponseError, TimeoutError
 
-from ._common import dedicated_kwargs
+from ._common import dedicated_kwargs, no_retry
 
 #: Idle connected connections a pool is left with when a wait or a bound hold gives its
 #: connection back; the connection is disconnected before it goes back beyond that.
@@ -75,6 +75,7 @@ class ConnectionLimitError(LockError):
         super().__init__(message)
         setattr(self, "message", message)
         setattr(self, "lock_name", None)
+        self.args = (message,)  # redis-py before 8.1 left every argument there: str() a tuple
         self.limit = limit
         self.value = value
         #: True when the caller queued in the client for a wait connection and its time ran
@@ -456,16 +457,9 @@ class _Borrowed:
 _borrowed: "weakref.WeakKeyDictionary[Any, _Borrowed]" = weakref.WeakKeyDictionary()
 
 
-def _no_retry() -> Any:
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return Retry(NoBackoff(), 0)
-
-
-def _lend(pool: Any, conn: Any, wait: bool) -> None:
+def _lend(pool: Any, conn: Any, wait: bool, aio: bool = False) -> None:
     """Records ``conn`` as ours and makes it ours: no retries, the pool's timeouts (``connect``
-    sets them from a deadline)."""
+    sets them from a deadline); ``aio``: an asyncio connection."""
     rec = _Borrowed(
         pool,
         wait,
@@ -475,7 +469,7 @@ def _lend(pool: Any, conn: Any, wait: bool) -> None:
     )
     _borrowed[conn] = rec
     if hasattr(conn, "retry"):
-        conn.retry = _no_retry()
+        conn.retry = no_retry(aio)
 
 
 def _unlend(conn: Any) -> Optional[_Borrowed]:
@@ -574,7 +568,7 @@ def new_connection(pool: Any, socket_timeout: Optional[float] = None) -> Any:
     :func:`take`."""
     if socket_timeout is None:
         socket_timeout = default_timeout(pool)
-    return pool.connection_class(**dedicated_kwargs(pool.connection_kwargs, socket_timeout))
+    return pool.connection_class(**dedicated_kwargs(pool.connection_kwargs, socket_timeout, False))
 
 
 def _stock(pool: Any, class_name: str) -> bool:

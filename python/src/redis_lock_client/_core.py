@@ -66,6 +66,7 @@ from ._common import (
     Request,
     check_blocking_timeout,
     check_capacity,
+    check_sleep,
     delay_ms,
     drift,
     encode_token,
@@ -561,6 +562,7 @@ class LockBase:
         self.redis = redis
         self.name = name
         self.timeout = timeout
+        check_sleep(sleep)
         self.sleep = sleep
         self.blocking = blocking
         self.blocking_timeout = blocking_timeout
@@ -633,8 +635,9 @@ class LockBase:
     # -- argument handling shared by the faces' methods ---------------------------------------
 
     def _acquire_args(
-        self, blocking: Optional[bool], blocking_timeout: Optional[float], token: Any
+        self, blocking: Optional[bool], blocking_timeout: Optional[float], token: Any, sleep: Any = None
     ) -> Tuple[bytes, Pending]:
+        check_sleep(sleep)  # checked as redis-py would use it, then unused: nothing polls
         owner = new_token() if token is None else encode_token(token)
         if blocking is None:
             blocking = self.blocking

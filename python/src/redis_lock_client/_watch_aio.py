@@ -68,7 +68,7 @@ class _Watcher:
         self.ident = ident
         self.pid = os.getpid()
         self.cls = cls
-        self.kwargs = core.watcher_kwargs(kwargs)
+        self.kwargs = core.watcher_kwargs(kwargs, aio=True)
         self.loop = loop
         self.core = core.Watcher()
         self.io = asyncio.Lock()

@@ -101,11 +101,11 @@ def watcher_name(client_name: Any) -> str:
     return f"{client_name}{WATCHER_NAME_SUFFIX}"
 
 
-def watcher_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def watcher_kwargs(kwargs: Dict[str, Any], aio: bool) -> Dict[str, Any]:
     """The watcher's connection arguments from the user's pool's: RESP2 (invalidations come as
     Pub/Sub messages), undecoded replies, no retries, no health-check pings, a read timeout,
-    a name of their own (``watcher_name``)."""
-    out = dedicated_kwargs(kwargs, IO_TIMEOUT)
+    a name of their own (``watcher_name``); ``aio``: for asyncio connections."""
+    out = dedicated_kwargs(kwargs, IO_TIMEOUT, aio)
     out["client_name"] = watcher_name(kwargs.get("client_name"))
     out["protocol"] = 2
     out["decode_responses"] = False

@@ -79,7 +79,7 @@ class _Watcher:
         self.ident = ident
         self.pid = os.getpid()
         self.cls = cls
-        self.kwargs = core.watcher_kwargs(kwargs)
+        self.kwargs = core.watcher_kwargs(kwargs, aio=False)
         self.core = core.Watcher()
         self.mu = threading.Lock()  # the core, the queued plans
         self.io = threading.Lock()  # the command connection

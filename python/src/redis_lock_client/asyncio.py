@@ -130,9 +130,13 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
         blocking: Optional[bool] = None,
         blocking_timeout: Optional[float] = None,
         token: Optional[Union[str, bytes]] = None,
+        *,
+        sleep: Optional[float] = None,
     ) -> bool:
-        """As the sync ``acquire`` (redis-py's asyncio Lock has no ``sleep`` argument here)."""
-        owner, pending = self._acquire_args(blocking, blocking_timeout, token)
+        """As the sync ``acquire``. ``sleep`` is keyword-only, as in redis-py 8.2's asyncio
+        Lock (accepted here on every redis-py version): checked (seconds >= 0, or None) and not
+        used, since the wait is native on the server and nothing polls."""
+        owner, pending = self._acquire_args(blocking, blocking_timeout, token, sleep)
         try:
             with core.passing(core._PENDING, pending):
                 granted = await self.do_acquire(owner)

@@ -119,8 +119,9 @@ class Lock(core.LockBase, redis.lock.Lock):
         """Takes the lock; True once held. With ``blocking`` (the default) the request queues
         on the server (FIFO) for up to ``blocking_timeout`` seconds (None: no limit) and False
         comes back when that passed; without it, one try. ``token`` is the owner (default: a
-        fresh one). ``sleep`` is ignored: nothing polls."""
-        owner, pending = self._acquire_args(blocking, blocking_timeout, token)
+        fresh one). ``sleep`` (seconds >= 0, or None) is checked and not used: the wait is
+        native on the server, nothing polls."""
+        owner, pending = self._acquire_args(blocking, blocking_timeout, token, sleep)
         try:
             with core.passing(core._PENDING, pending):
                 granted = self.do_acquire(owner)

@@ -76,7 +76,7 @@ class _Instance(rc.InstanceBase):
         if conn is None:
             kwargs = dict(self.pool.connection_kwargs)
             kwargs["socket_connect_timeout"] = self.timeout
-            conn = self.pool.connection_class(**dedicated_kwargs(kwargs, self.timeout))
+            conn = self.pool.connection_class(**dedicated_kwargs(kwargs, self.timeout, False))
         return conn
 
     def put(self, conn: Any) -> None:
