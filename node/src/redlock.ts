@@ -34,7 +34,7 @@ import {
   type Outcome,
   type Vote,
 } from "./core/protocol.js";
-import { parseInfo, type LockInfo } from "./core/info.js";
+import { holdsOrWaits, parseInfo, type LockInfo } from "./core/info.js";
 import { confirmedValidUntil, quorumOf, waitedGrantNeedsCheck, type ServerAnswers, type Verdict } from "./core/lease.js";
 import { ordered } from "./core/order.js";
 import { RedlockAttempts, type ServerCommands, type Step } from "./core/redlock.js";
@@ -42,6 +42,7 @@ import { OneServerAttempt, type OneStep } from "./core/single.js";
 import { afterExtendFailure, extensionDelay } from "./core/extension.js";
 import { Hold, Lock, holdOf, makeLock, type ExecutionResult } from "./lock.js";
 import { constructorSettings, resolveSettings, serverWait, type RedisClientLike, type Settings } from "./settings.js";
+import { WaitLines, type WaitTurn } from "./waitorder.js";
 
 /**
  * The second argument of a `using()` routine (as in `@sesamecare-oss/redlock`): the lock as it
@@ -71,6 +72,9 @@ export function shortDeadline(duration: number): number {
 
 /** A client-side deadline past a server-side wait: the server's own timeout runs on its timer, a little late on a busy server. */
 export const WAIT_REPLY_MARGIN = 1000;
+
+/** How long a check that an earlier wait is in the server's queue (`LOCK.INFO`) may take, in ms. */
+const PROBE_DEADLINE_MS = 1000;
 
 const now = (): number => performance.now();
 
@@ -125,6 +129,8 @@ export default class Redlock extends EventEmitter {
   };
   private readonly targets: Target[];
   private readonly live = new Set<Hold>();
+  /** This process's waits per server and key, in call order (see WaitLines). */
+  private readonly lines = new WaitLines();
 
   /**
    * @param clients One client per server (ioredis `Redis` or `Cluster`, node-redis v4/v5/v6): at least one.
@@ -252,6 +258,30 @@ export default class Redlock extends EventEmitter {
     keep: ((c: Conn) => void) | undefined,
     rerouted = false,
   ): Promise<Outcome> {
+    // The place in this process's line of waits on the key, taken before anything is awaited
+    // so that it is the call order (see WaitLines).
+    const turn = this.lines.join(ep.name, key);
+    try {
+      return await this.waitInLine(turn, t, ep, key, owner, build, wait, signal, bound, keep, rerouted);
+    } finally {
+      turn.dropped();
+    }
+  }
+
+  /** {@link waitOn} with its place in the key's line: written once the earlier waits on the key are queued. */
+  private async waitInLine(
+    turn: WaitTurn,
+    t: Target,
+    ep: Endpoint,
+    key: string,
+    owner: string,
+    build: (wait: number) => Arg[],
+    wait: number,
+    signal: AbortSignal | undefined,
+    bound: Conn | undefined,
+    keep: ((c: Conn) => void) | undefined,
+    rerouted: boolean,
+  ): Promise<Outcome> {
     const t0 = now();
     let conn: Conn;
     if (bound) conn = bound;
@@ -275,6 +305,9 @@ export default class Redlock extends EventEmitter {
       }
       keep?.(conn);
     }
+    // Written only once the earlier waits of this process on the key are in the server's queue
+    // (two connections' bytes can reach the server in either order); no longer than the wait.
+    await turn.before(wait === Infinity ? Infinity : Math.max(0, wait - (now() - t0)), signal);
     const left = wait === Infinity ? Infinity : Math.max(1, wait - (now() - t0));
     const deadline = left === Infinity ? undefined : Math.ceil(left) + WAIT_REPLY_MARGIN;
     const onAbort = (): void => conn.destroy();
@@ -283,7 +316,9 @@ export default class Redlock extends EventEmitter {
     let outcome: Outcome;
     try {
       if (signal?.aborted) throw signal.reason;
-      outcome = acquireOutcome(await conn.send(build(left), deadline));
+      const reply = conn.send(build(left), deadline);
+      turn.sent(reply, async () => holdsOrWaits(parseInfo(await (await withDeadline(ep.command(), PROBE_DEADLINE_MS, ep.name)).send(infoArgs(key), PROBE_DEADLINE_MS)), owner));
+      outcome = acquireOutcome(await reply);
     } catch (e) {
       outcome = acquireOutcome(e instanceof Error ? e : new Error(String(e)));
       // No answer, or a grant whose token could not be read exactly: it may hold, give it back.

@@ -91,3 +91,16 @@ export function parseInfo(reply: Reply): LockInfo | null {
 export function holdCount(info: LockInfo | null, owner: string): number {
   return info?.holders.find((h) => h.owner === owner)?.count ?? 0;
 }
+
+/**
+ * Whether `owner` holds `key` or waits in its queue, by `info` (nil: neither). Throws a
+ * TypeError when the reply has no `waiters` field (a module older than that field): then the
+ * queue's owners cannot be told.
+ */
+export function holdsOrWaits(info: LockInfo | null, owner: string): boolean {
+  if (info === null) return false;
+  if (info.holders.some((h) => h.owner === owner)) return true;
+  const ws = info.raw.get("waiters");
+  if (!Array.isArray(ws)) throw new TypeError("LOCK.INFO has no waiters field");
+  return ws.some((w) => Array.isArray(w) && w[0] === owner);
+}

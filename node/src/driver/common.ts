@@ -247,7 +247,9 @@ export class PooledEndpoint implements Endpoint {
   /** A wait connection was handed over in this turn of the event loop: the next one waits for
    *  the next turn. Waits written to several connections at the same instant can reach the
    *  server's queue in any order (seen: node-redis v4, which writes on a setImmediate, had 16
-   *  waits written in one turn queued 15, 0, 1, …); a turn apart, they arrive in order. */
+   *  waits written in one turn queued 15, 0, 1, …); a turn apart, they almost always arrive in
+   *  order, but not surely (a loaded machine once queued 0, 1, 4, 2, 3, …): the Redlock makes
+   *  sure of the order of waits on one key (WaitLines, src/waitorder.ts). */
   private handedThisTurn = false;
 
   constructor(
@@ -307,8 +309,8 @@ export class PooledEndpoint implements Endpoint {
   /**
    * A wait connection, handed over in call order: requests made one after the other (in one
    * tick, say) resolve in that order, so callers that send their wait as soon as they have
-   * their connection write their waits in call order, and the server queues them in that
-   * order. Only the handing over is ordered: places are given FIFO and new connections open
+   * their connection write their waits in call order (whether the server reads them in that
+   * order is not promised here: see handedThisTurn). Only the handing over is ordered: places are given FIFO and new connections open
    * in parallel; a connection made (or taken idle) early waits until every earlier request
    * has settled (resolved, or rejected: failed or aborted), and at most one is handed over
    * per turn of the event loop (so a client that writes on a later tick, node-redis v4, still

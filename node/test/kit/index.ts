@@ -37,6 +37,7 @@ export { PACKAGE_ENTRY, holderScript, parseHeld, spawnHolder, spawnNode, type Ch
 export { PATIENCE_MS, TIMING_SCALE, now, percentile, scaled, sleep, until, waitFor, type WaitForOptions } from "./wait.js";
 export { parseCommandstats, parseInfo, parseLockInfo, type CommandStat, type KitHolder, type KitLockInfo } from "./info.js";
 export { RespConn, RespError, command, encode, parseReply, type RespValue } from "./resp.js";
+export { HoldBackProxy, type HoldBackOptions } from "./proxy.js";
 
 import { parseCommandstats, type CommandStat } from "./info.js";
 import type { Server } from "./server.js";

@@ -4,14 +4,14 @@ import { setTimeout as delay } from "node:timers/promises";
 /** Generous bound for "eventually" conditions on a shared 2-core machine (ms). */
 export const PATIENCE_MS = 10_000;
 
-/** REDIS_LOCK_TIMING_SCALE (default 1): multiplies the latency bounds of timing tests, for a
+/** REDIS_LOCK_TEST_TIME_FACTOR (default 1): multiplies the latency bounds of timing tests, for a
  *  machine slower or busier than the shared 2-core one the defaults were set on (the defaults
  *  must hold there with other suites running). */
 export const TIMING_SCALE = ((): number => {
-  const raw = process.env["REDIS_LOCK_TIMING_SCALE"];
+  const raw = process.env["REDIS_LOCK_TEST_TIME_FACTOR"];
   if (raw === undefined || raw === "") return 1;
   const n = Number(raw);
-  if (!Number.isFinite(n) || n < 1) throw new Error(`REDIS_LOCK_TIMING_SCALE=${raw}: expected a number of at least 1`);
+  if (!Number.isFinite(n) || n < 1) throw new Error(`REDIS_LOCK_TEST_TIME_FACTOR=${raw}: expected a number of at least 1`);
   return n;
 })();
 
