@@ -9,7 +9,10 @@
 //!
 //! Each event is repeated `TRIALS` times; the median and the maximum are printed with
 //! `eprintln!` (for docs/benchmarks.md; run with `--nocapture`). The asserts are the issue's
-//! bound on the median (50 ms) and a generous 1 s on every trial. The tests of this file run
+//! bound on the median (50 ms) and a generous 1 s on every trial (both times
+//! `REDIS_LOCK_TEST_TIME_FACTOR`). On a 2-core machine under a parallel build (load 5 to 16) the
+//! medians stayed near 1 ms and no noticed trial took over 45 ms; a loss that is missed (not a
+//! slow machine) is what fails them, and the failure says whether it was noticed within 5 s. The tests of this file run
 //! one at a time (a shared mutex), so they do not skew one another's figures.
 #![cfg(feature = "tokio")]
 
@@ -22,7 +25,7 @@ use common::*;
 
 use redis_lock_client::aio::{AsyncLockClient, AsyncLockGuard};
 use redis_lock_client::{Acquire, LockClient, LockGuard};
-use redis_lock_testkit::{int, query, Connection, Server, Value};
+use redis_lock_testkit::{int, query, scaled, Connection, Server, Value};
 
 const TRIALS: usize = 20;
 const TTL: Duration = Duration::from_secs(30);
@@ -33,6 +36,9 @@ const TRIAL_BOUND: Duration = Duration::from_secs(1);
 /// Trials over `TRIAL_BOUND` after which an event stops being repeated (so that a client which
 /// does not notice at all fails in seconds, not 20 x 30 s).
 const GIVE_UP_AFTER: usize = 3;
+/// How long a trial over `TRIAL_BOUND` is still watched, so that a failure says whether the
+/// loss was noticed late or not at all.
+const LATE_LOOK: Duration = Duration::from_secs(5);
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -72,7 +78,11 @@ impl Held {
     /// `is_lost` is polled every millisecond from this thread; the runtime's workers run
     /// the async client's tasks meanwhile.
     fn noticed_after(&self, from: Instant) -> Option<Duration> {
-        let left = TRIAL_BOUND.saturating_sub(from.elapsed());
+        self.noticed_after_within(from, scaled(TRIAL_BOUND))
+    }
+
+    fn noticed_after_within(&self, from: Instant, bound: Duration) -> Option<Duration> {
+        let left = bound.saturating_sub(from.elapsed());
         match self {
             Held::Sync(g) => poll_1ms(left, || g.is_lost()).map(|_| from.elapsed()),
             Held::Async(g) => poll_1ms(left, || g.is_lost()).map(|_| from.elapsed()),
@@ -155,6 +165,7 @@ fn measure(face: Face, event: Event) {
     // Failover only: from the REPLICAOF reply rather than from the key's disappearance.
     let mut from_command = Vec::new();
     let mut over_bound = 0;
+    let mut late_notices = Vec::new();
     for trial in 0..TRIALS {
         let key = format!("{event:?}-{trial}");
         let request = match event {
@@ -213,7 +224,17 @@ fn measure(face: Face, event: Event) {
         }
         match took {
             Some(d) => noticed.push(d),
-            None => over_bound += 1,
+            None => {
+                over_bound += 1;
+                // Say when (if at all) it was noticed after all, for the failure message.
+                let late = held.noticed_after_within(event_at, LATE_LOOK);
+                eprintln!(
+                    "[{face:?}, {event:?}] trial {trial}: not noticed within {:?}; noticed \
+                     after {late:?} (looked for {LATE_LOOK:?})",
+                    scaled(TRIAL_BOUND)
+                );
+                late_notices.push((trial, late));
+            }
         }
         if let Event::Failover = event {
             query(&mut c, &["REPLICAOF", "NO", "ONE"]).unwrap();
@@ -227,7 +248,8 @@ fn measure(face: Face, event: Event) {
     let (p50, max) = p50_max_ms(&mut noticed);
     eprintln!(
         "loss latency [{face:?}, {event:?}]: {trials} trials, p50 {p50:.1} ms, max {max:.1} ms \
-         of those noticed within {TRIAL_BOUND:?}; {over_bound} not noticed within it"
+         of those noticed within {:?}; {over_bound} not noticed within it",
+        scaled(TRIAL_BOUND)
     );
     if let Event::Failover = event {
         let (p50, max) = p50_max_ms(&mut from_command);
@@ -237,13 +259,16 @@ fn measure(face: Face, event: Event) {
         );
     }
     assert_eq!(
-        over_bound, 0,
+        over_bound,
+        0,
         "[{face:?}, {event:?}] {over_bound} of {trials} trials did not notice the loss within \
-         {TRIAL_BOUND:?}"
+         {:?} (trial, noticed after): {late_notices:?}",
+        scaled(TRIAL_BOUND)
     );
     assert!(
-        p50 <= MEDIAN_BOUND.as_secs_f64() * 1e3,
-        "[{face:?}, {event:?}] median {p50:.1} ms over {MEDIAN_BOUND:?}"
+        p50 <= scaled(MEDIAN_BOUND).as_secs_f64() * 1e3,
+        "[{face:?}, {event:?}] median {p50:.1} ms over {:?}",
+        scaled(MEDIAN_BOUND)
     );
 }
 

@@ -27,10 +27,10 @@ pub(crate) struct Watcher {
     state: Mutex<State>,
 }
 
-/// A registration to send, then (for a new guard) a re-read of its key.
+/// A registration to send, then the re-reads that follow it ([`Register::rereads`]).
 struct Job {
     cmds: Vec<Cmd>,
-    then_reread: Option<String>,
+    then_reread: Vec<String>,
 }
 
 #[derive(Default)]
@@ -63,16 +63,18 @@ impl Inner {
         self.watcher.state().watched.core.pushes()
     }
 
-    /// Queues a registration (and a re-read after it) for the registrar task, with the watcher
-    /// state locked: a registration is queued under the same
-    /// lock as it was decided, so the registrar sends them in the order they were decided.
+    /// Queues a registration (and the re-reads after it) for the registrar task, with the
+    /// watcher state locked: a registration is queued under the same lock as it was decided,
+    /// so the registrar sends them in the order they were decided.
     fn queue_locked(
         self: &Arc<Self>,
         state: &mut State,
-        cmds: Vec<Cmd>,
-        then_reread: Option<String>,
+        register: &Register,
+        granted: Option<&str>,
     ) {
-        if cmds.is_empty() && then_reread.is_none() {
+        let cmds = register_cmds(register);
+        let then_reread = register.rereads(granted);
+        if cmds.is_empty() && then_reread.is_empty() {
             return;
         }
         let sender = match &state.jobs {
@@ -114,7 +116,7 @@ impl Inner {
         }
         let mut state = self.watcher.state();
         if let Some(register) = state.watched.watch(key, i, guard, since) {
-            self.queue_locked(&mut state, register_cmds(&register), Some(key.to_string()));
+            self.queue_locked(&mut state, &register, Some(key));
         }
     }
 
@@ -126,7 +128,7 @@ impl Inner {
         let mut state = self.watcher.state();
         let register = state.watched.unwatch(key, guard);
         if register != Register::Nothing {
-            self.queue_locked(&mut state, register_cmds(&register), None);
+            self.queue_locked(&mut state, &register, None);
         }
     }
 
@@ -252,8 +254,8 @@ impl Inner {
     }
 }
 
-/// The registrar task of one client: sends each registration in order (one pipeline), then
-/// the re-read that follows it.
+/// The registrar task of one client: sends each registration in order (one pipeline), then,
+/// once it was answered, the re-reads that follow it.
 async fn registrar(inner: Weak<Inner>, mut jobs: UnboundedReceiver<Job>) {
     while let Some(job) = jobs.recv().await {
         let Some(me) = inner.upgrade() else {
@@ -272,8 +274,8 @@ async fn registrar(inner: Weak<Inner>, mut jobs: UnboundedReceiver<Job>) {
                 Err(false) => me.reopen_soon(),
             }
         }
-        if let Some(key) = job.then_reread {
-            me.reread(&key).await;
+        for key in job.then_reread {
+            me.spawn_reread(key);
         }
     }
 }
@@ -317,7 +319,7 @@ pub(crate) async fn read_pushes(inner: Weak<Inner>, mut pushes: UnboundedReceive
             let mut state = me.watcher.state();
             let now_keys = state.watched.core.invalidated(keys, Instant::now());
             if let Some(register) = state.watched.core.noisy() {
-                me.queue_locked(&mut state, register_cmds(&register), None);
+                me.queue_locked(&mut state, &register, None);
             }
             now_keys
         };

@@ -312,7 +312,7 @@ impl WatchLink {
         locked(&self.watched).next_read()
     }
 
-    fn reread(self: &Arc<Self>, key: String) {
+    fn reread(&self, key: String) {
         let number = self.next_read();
         if !self.send_slot(&info_cmd(&key), Slot::Reread(key.clone(), number)) {
             locked(&self.watched).core.read(&key);
@@ -359,28 +359,33 @@ impl WatchLink {
         }
         // The handshake registered the keys watched when it began; guards watched while it
         // ran are registered now (the whole set, replacing), and every key re-read.
-        let keys = self.register_with(|w| (Some(w.core.resync()), w.core.keys()));
-        for key in keys {
-            self.reread(key);
-        }
+        self.register_with(None, |w| (Some(w.core.resync()), ()));
         true
     }
 
     /// Decides a registration and writes it under the writer lock, so that registrations
     /// reach the server in the order they were decided (a replacement of the set must not
-    /// overtake an addition decided before it). `decide` runs with the watcher state locked.
+    /// overtake an addition decided before it); then the re-reads that follow it
+    /// ([`Register::rereads`], `granted` being the key of a guard just granted), behind it on
+    /// the link. `decide` runs with the watcher state locked.
     fn register_with<R>(
         &self,
+        granted: Option<&str>,
         decide: impl FnOnce(&mut Watched<GuardState>) -> (Option<Register>, R),
     ) -> R {
         let mut writer = locked(&self.writer);
         let (register, out) = decide(&mut locked(&self.watched));
-        if let Some(register) = register {
-            let cmds = register_cmds(&register);
-            Self::write_all(
-                &mut writer,
-                cmds.iter().map(|c| (c, Slot::Tracking)).collect(),
-            );
+        let Some(register) = register else {
+            return out;
+        };
+        let cmds = register_cmds(&register);
+        Self::write_all(
+            &mut writer,
+            cmds.iter().map(|c| (c, Slot::Tracking)).collect(),
+        );
+        drop(writer);
+        for key in register.rereads(granted) {
+            self.reread(key);
         }
         out
     }
@@ -405,14 +410,7 @@ impl WatchLink {
             self.connect_in_background();
             return;
         }
-        let reread = self.register_with(|w| {
-            let register = w.watch(key, i, guard, since);
-            let reread = register.is_some();
-            (register, reread)
-        });
-        if reread {
-            self.reread(key.to_string());
-        }
+        self.register_with(Some(key), |w| (w.watch(key, i, guard, since), ()));
     }
 
     /// A guard of `key` is done.
@@ -420,12 +418,12 @@ impl WatchLink {
         if self.is_off() {
             return;
         }
-        self.register_with(|w| (Some(w.unwatch(key, guard)), ()));
+        self.register_with(None, |w| (Some(w.unwatch(key, guard)), ()));
     }
 
     /// An invalidation push.
     fn invalidated(self: &Arc<Self>, keys: Option<Vec<String>>) {
-        let now_keys = self.register_with(|w| {
+        let now_keys = self.register_with(None, |w| {
             let now_keys = w.core.invalidated(keys, Instant::now());
             (w.core.noisy(), now_keys)
         });

@@ -24,6 +24,10 @@
 //! again costs nothing more) until they are many or draw pushes (others busy with keys this
 //! client no longer holds): then the set is replaced by the held keys'. A replacement is one
 //! transaction (`MULTI`, `CLIENT TRACKING off`, `on ...`, `EXEC`), so no change falls between.
+//! It is followed by a re-read of every watched key: Redis sends broadcast invalidations only
+//! at the end of an event-loop iteration, and `CLIENT TRACKING off` drops those still pending
+//! for the client's prefixes, so a change made by another client in the same iteration as the
+//! replacement (before it) is never pushed.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Weak};
@@ -58,8 +62,25 @@ pub(crate) enum Register {
     Nothing,
     /// `CLIENT TRACKING on BCAST NOLOOP PREFIX <key>`.
     Add(String),
-    /// Replace the set ([`rebuild_cmds`]).
-    Rebuild(Vec<String>),
+    /// Replace the set ([`rebuild_cmds`]), then re-read `reread` (every key watched when it
+    /// was decided): the replacement drops invalidations the server had not sent yet.
+    Rebuild {
+        set: Vec<String>,
+        reread: Vec<String>,
+    },
+}
+
+impl Register {
+    /// The keys to re-read once this registration was sent, behind it on the same connection
+    /// (and so answered after the server ran it). `granted`: the key of a guard just granted,
+    /// which is re-read in any case (see [`Watch::granted`]).
+    pub(crate) fn rereads(&self, granted: Option<&str>) -> Vec<String> {
+        match self {
+            // Every watched key, the granted one among them.
+            Register::Rebuild { reread, .. } => reread.clone(),
+            _ => granted.map(str::to_string).into_iter().collect(),
+        }
+    }
 }
 
 /// The state of one watch connection.
@@ -120,12 +141,14 @@ pub(crate) fn register_cmds(register: &Register) -> Vec<Cmd> {
     match register {
         Register::Nothing => Vec::new(),
         Register::Add(prefix) => vec![tracking_on(std::slice::from_ref(prefix))],
-        Register::Rebuild(set) => rebuild_cmds(set),
+        Register::Rebuild { set, .. } => rebuild_cmds(set),
     }
 }
 
 /// Replaces the registered prefixes by `set` in one transaction: nothing runs between off and
-/// on, so no change goes unpushed.
+/// on. The server still drops the invalidations it had not sent when `off` ran (changes made
+/// earlier in the same event-loop iteration), so the watched keys are re-read after it
+/// ([`Register::Rebuild`]).
 pub(crate) fn rebuild_cmds(set: &[String]) -> Vec<Cmd> {
     let mut cmds = vec![redis::cmd("MULTI"), tracking_off()];
     if !set.is_empty() {
@@ -203,8 +226,9 @@ impl Watch {
     /// A guard of `key` was granted to a request sent when [`Watch::pushes`] was `since`: what
     /// to register so that every later change of the key by anyone else is pushed. `None`
     /// when the key was covered and no push named it since (nothing to do); otherwise the
-    /// registration (possibly [`Register::Nothing`]), to be followed by a re-read of the key:
-    /// a push that came between the grant and now was not judged by this guard.
+    /// registration (possibly [`Register::Nothing`]), to be followed by the re-reads of
+    /// [`Register::rereads`] with `Some(key)`: the key's (a push that came between the grant
+    /// and now was not judged by this guard), or every watched key's after a replacement.
     pub(crate) fn granted(&mut self, key: &str, since: u64) -> Option<Register> {
         self.watch(key);
         let pushed_since = self.flushed > since || self.recent.get(key).is_some_and(|n| *n > since);
@@ -247,12 +271,15 @@ impl Watch {
         Register::Nothing
     }
 
-    /// The prefix set for the keys watched now (and `also`), made the registered one.
+    /// The prefix set for the keys watched now (and `also`), made the registered one; every
+    /// watched key is to be re-read after it.
     fn rebuild(&mut self, also: Option<&str>) -> Register {
         let set = minimal(self.keys.keys().cloned().chain(also.map(str::to_string)));
         self.registered = set.iter().cloned().collect();
         self.ignored = 0;
-        Register::Rebuild(set)
+        let mut reread = self.keys();
+        reread.sort();
+        Register::Rebuild { set, reread }
     }
 
     /// The set to register now, replacing what is registered (after a connection was set up
@@ -417,8 +444,9 @@ impl<G> Default for Watched<G> {
 
 impl<G> Watched<G> {
     /// A new guard of `key`, on server `i` of its guard, granted to a request sent when the
-    /// pushes numbered `since` (see [`Watch::granted`]): the registration to send, then a
-    /// re-read, which judges this guard; `None` for nothing to do.
+    /// pushes numbered `since` (see [`Watch::granted`]): the registration to send, then the
+    /// re-reads of its [`Register::rereads`] with `Some(key)`, which judge this guard; `None`
+    /// for nothing to do.
     pub(crate) fn watch(
         &mut self,
         key: &str,
@@ -503,7 +531,13 @@ mod tests {
         assert_eq!(add(&mut w, "lock:abc"), None, "covered by lock:ab");
         // A key that is a prefix of a registered one: replace the set with the minimal one.
         let rebuilt = add(&mut w, "lock:a");
-        assert_eq!(rebuilt, Some(Register::Rebuild(vec!["lock:a".into()])));
+        assert_eq!(
+            rebuilt,
+            Some(Register::Rebuild {
+                set: vec!["lock:a".into()],
+                reread: vec!["lock:a".into(), "lock:ab".into(), "lock:abc".into()],
+            })
+        );
         assert_eq!(add(&mut w, "other"), Some(Register::Add("other".into())));
         let mut set: Vec<String> = w.registered.iter().cloned().collect();
         set.sort();
@@ -523,7 +557,10 @@ mod tests {
         }
         add(&mut w, "k9999");
         match w.unwatch("k9999") {
-            Register::Rebuild(set) => assert_eq!(set, vec!["kept".to_string()]),
+            Register::Rebuild { set, reread } => {
+                assert_eq!(set, vec!["kept".to_string()]);
+                assert_eq!(reread, vec!["kept".to_string()], "the held keys, re-read");
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -618,7 +655,13 @@ mod tests {
             assert_eq!(w.noisy(), None);
         }
         w.invalidated(Some(vec!["gone".into()]), t);
-        assert_eq!(w.noisy(), Some(Register::Rebuild(vec!["held".into()])));
+        assert_eq!(
+            w.noisy(),
+            Some(Register::Rebuild {
+                set: vec!["held".into()],
+                reread: vec!["held".into()],
+            })
+        );
         assert_eq!(w.noisy(), None, "counted again from zero");
         // The same set again: no rebuild, however many pushes.
         for _ in 0..MAX_IGNORED_PUSHES * 3 {
@@ -627,6 +670,37 @@ mod tests {
         }
         let cmds = rebuild_cmds(&["held".into()]);
         assert_eq!(cmds.len(), 4, "MULTI, off, on, EXEC");
+    }
+
+    #[test]
+    fn every_replacement_is_followed_by_a_reread_of_every_watched_key() {
+        // `CLIENT TRACKING off` drops the invalidations the server has not sent yet: a change
+        // of a held key just before a replacement is only found by re-reading it after.
+        let mut w = Watch::default();
+        w.granted("a", 0);
+        w.granted("b", 0);
+        w.granted("gone", 0);
+        w.unwatch("gone");
+        let t = Instant::now();
+        for _ in 0..MAX_IGNORED_PUSHES {
+            w.invalidated(Some(vec!["gone".into()]), t);
+        }
+        let noisy = w.noisy().expect("a replacement");
+        assert_eq!(noisy.rereads(None), vec!["a".to_string(), "b".to_string()]);
+        // A granted key that is a prefix of a registered one: every key, the granted one too.
+        let granted = w.granted("", 0).expect("a replacement");
+        assert!(matches!(granted, Register::Rebuild { .. }));
+        assert_eq!(
+            granted.rereads(Some("")),
+            vec![String::new(), "a".to_string(), "b".to_string()]
+        );
+        assert_eq!(w.resync().rereads(None).len(), 3, "a resync too");
+        // Anything else re-reads the granted key alone.
+        let mut w = Watch::default();
+        let add = w.granted("k", 0).expect("registered");
+        assert_eq!(add.rereads(Some("k")), vec!["k".to_string()]);
+        assert!(add.rereads(None).is_empty());
+        assert!(Register::Nothing.rereads(None).is_empty());
     }
 
     #[test]
