@@ -50,33 +50,47 @@ if [ ! -f "$REDIS_LOCK_MODULE" ]; then
 fi
 command -v "$REDIS_LOCK_SERVER" >/dev/null || { echo "matrix-rust: $REDIS_LOCK_SERVER not found" >&2; exit 2; }
 
-# The claim, e.g. `redis = { version = "1.8", ... }` -> 1.8
+# The claim: `redis = { version = "1.8", ... }` (caret: >= 1.8.0, < 2.0.0) or
+# `version = ">=1.8, <1.9"` (a floor and an exclusive ceiling).
 CLAIM="$(sed -n 's/^redis = {[^}]*version = "\([^"]*\)".*/\1/p' "$ROOT/client/Cargo.toml" | head -n1)"
+CLAIM_CEIL=
 case "$CLAIM" in
-  [0-9]*.[0-9]*) ;;
+  ">="[0-9]*.[0-9]*", <"[0-9]*.[0-9]*)
+    floor="${CLAIM#>=}"; floor="${floor%%,*}"; CLAIM_CEIL="${CLAIM##*<}" ;;
+  [0-9]*.[0-9]*) floor="$CLAIM" ;;
   *) echo "matrix-rust: cannot read the redis version claim from client/Cargo.toml (got '$CLAIM')" >&2; exit 2 ;;
 esac
-CLAIM_MAJOR="${CLAIM%%.*}"
-CLAIM_MINOR="$(echo "$CLAIM" | cut -d. -f2)"
-CLAIM_PATCH="$(echo "$CLAIM" | cut -d. -f3)"
+CLAIM_MAJOR="${floor%%.*}"
+CLAIM_MINOR="$(echo "$floor" | cut -d. -f2)"
+CLAIM_PATCH="$(echo "$floor" | cut -d. -f3)"
 CLAIM_FLOOR="$CLAIM_MAJOR.$CLAIM_MINOR.${CLAIM_PATCH:-0}"
+[ -n "$CLAIM_CEIL" ] || CLAIM_CEIL="$((CLAIM_MAJOR + 1)).0"
+case "$CLAIM_CEIL" in *.*.*) ;; *) CLAIM_CEIL="$CLAIM_CEIL.0" ;; esac
 # The locked 1.x version (the lockfile also has the test kit's redis 0.27).
 LOCKED="$(awk '/^name = "redis"$/ {getline; print}' "$ROOT/Cargo.lock" | sed 's/version = "\(.*\)"/\1/' | grep "^$CLAIM_MAJOR\." | head -n1)"
 [ -n "$LOCKED" ] || { echo "matrix-rust: Cargo.lock has no redis $CLAIM_MAJOR.x" >&2; exit 2; }
 
 # Every non-yanked, non-pre-release version of `redis`, oldest first.
 index_versions() {
-  curl -fsS --max-time 60 https://index.crates.io/re/di/redis | jq -r 'select(.yanked == false) | .vers'
+  curl -fsS --max-time 60 https://index.crates.io/re/di/redis \
+    | python3 -c 'import json, sys; [print(d["vers"]) for d in map(json.loads, sys.stdin) if not d["yanked"]]'
 }
 
-# Versions the claim (caret: >= floor, < next major; for 0.x: < next minor) allows.
-in_claim() {
+# Versions of the claim's major line at or above the floor (for 0.x: the floor's minor line).
+in_major() {
   while read -r v; do
     maj="${v%%.*}"; min="$(echo "$v" | cut -d. -f2)"
     [ "$maj" = "$CLAIM_MAJOR" ] || continue
     if [ "$CLAIM_MAJOR" = 0 ] && [ "$min" != "$CLAIM_MINOR" ]; then continue; fi
     [ "$(printf '%s\n%s\n' "$CLAIM_FLOOR" "$v" | sort -V | head -n1)" = "$CLAIM_FLOOR" ] || continue
     echo "$v"
+  done
+}
+
+# Versions the claim allows: in_major, below the ceiling.
+in_claim() {
+  in_major | while read -r v; do
+    [ "$(printf '%s\n%s\n' "$v" "$CLAIM_CEIL" | sort -V | head -n1)" = "$v" ] && [ "$v" != "$CLAIM_CEIL" ] && echo "$v"
   done
 }
 
@@ -99,10 +113,16 @@ else
   CLAIMED="$(echo "$ALL" | in_claim)"
   [ -n "$CLAIMED" ] || { echo "matrix-rust: no published redis version inside the claim $CLAIM" >&2; exit 2; }
   NEWEST="$(echo "$CLAIMED" | tail -n1)"
+  # The newest release of the claim's major line, past the ceiling too: what a user of the redis
+  # crate gets next, so --latest tests it (in its copy, with the ceiling lifted).
+  NEWEST_LINE="$(echo "$ALL" | in_major | tail -n1)"
   NEWER_MAJOR="$(echo "$ALL" | awk -F. -v m="$CLAIM_MAJOR" '$1 > m' | tail -n1)"
   NEWER_PRE="$(echo "$INDEX" | awk -F. -v m="$CLAIM_MAJOR" '$1 > m' | grep -- - | sort -V | tail -n1 || true)"
-  echo "== redis crate: client/Cargo.toml claims \"$CLAIM\" (>= $CLAIM_FLOOR, < $((CLAIM_MAJOR + 1)).0.0); Cargo.lock pins $LOCKED"
+  echo "== redis crate: client/Cargo.toml claims \"$CLAIM\" (>= $CLAIM_FLOOR, < $CLAIM_CEIL); Cargo.lock pins $LOCKED"
   echo "== newest release inside the claim: $NEWEST"
+  if [ "$NEWEST_LINE" != "$NEWEST" ]; then
+    echo "== newer release of the same major, OUTSIDE the claim: $NEWEST_LINE (--latest tests it; add its line to the claim once the matrix passes on it)"
+  fi
   if [ -n "$NEWER_MAJOR" ]; then
     echo "== a newer major exists: redis $NEWER_MAJOR (outside the claim; not tested here)"
   elif [ -n "$NEWER_PRE" ]; then
@@ -111,7 +131,7 @@ else
     echo "== no newer major release"
   fi
   if [ "$LATEST_ONLY" = 1 ]; then
-    VERSIONS="$NEWEST"
+    VERSIONS="$NEWEST_LINE"
   else
     # The floor, then the newest patch of each minor line.
     LINES="$(echo "$CLAIMED" | awk -F. '{print $1"."$2}' | sort -uV)"
@@ -140,6 +160,9 @@ for v in $VERSIONS; do
   mkdir -p "$work"
   # The workspace's members and manifests; no target/, no other clients, no .git.
   (cd "$ROOT" && tar cf - Cargo.toml Cargo.lock src core client bench testkit) | (cd "$work" && tar xf -)
+  # A version past the claim's ceiling (--latest, or one named on the command line) is tried
+  # with the copy's claim lifted to the floor alone.
+  sed -i 's/^\(redis = {[^}]*version = "\)[^"]*"/\1'"$CLAIM_FLOOR"'"/' "$work/client/Cargo.toml"
   start=$(date +%s)
   status=pass
   (
