@@ -80,9 +80,15 @@ class EndpointWatcher {
   }
 
   remove(reg: Reg): void {
-    const plan = this.core.cancel(reg);
-    if (this.tracked && plan.commands.length > 0 && this.up()) void this.execute(this.tracked, plan);
+    this.run(this.core.cancel(reg, now()));
     this.maybeIdle();
+  }
+
+  /** Sends a plan (a replacement of the registered set and its re-reads) when tracking is up. */
+  private run(plan: Plan): void {
+    if (plan.commands.length === 0 && plan.reads.length === 0) return;
+    if (this.tracked && this.up()) void this.execute(this.tracked, plan);
+    else this.core.connectionLostReads(plan.reads);
   }
 
   /** A loss found (a re-read's verdict, or a bound connection's close). A bound hold found
@@ -91,7 +97,7 @@ class EndpointWatcher {
    *  over it tells. */
   lost(reg: Reg, cause: LossCause): void {
     if (reg.cancelled || reg.reported) return;
-    if (!reg.done) this.core.remove(reg);
+    if (!reg.done) this.run(this.core.remove(reg, now()));
     const bound = reg.bound;
     if (cause === "connection-closed" || !bound) {
       this.report(reg, cause);

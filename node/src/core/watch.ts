@@ -183,16 +183,28 @@ export class WatchCore {
     else this.regs.set(reg.key, [reg]);
     reg.first = this.readsSent + 1;
     if (this.redirect === null) return emptyPlan();
-    const plan: Plan = { commands: this.cover(reg.key), reads: [] };
+    const plan = this.cover(reg.key, now);
+    // A replacement re-reads every key, this one included.
+    if (plan.reads.some(([k]) => k === reg.key)) return plan;
     return extend(plan, this.readNowOrDue(reg.key, now));
   }
 
-  /** A registration ends (lost, or stopped). */
-  remove(reg: Registration): Plan {
+  /** A registration ends (lost, or stopped): the replacement of the registered set it may
+   *  bring, with its re-reads. */
+  remove(reg: Registration, now: number): Plan {
+    if (!this.drop(reg)) return emptyPlan();
+    if (this.redirect !== null && this.registered.size > this.regs.size + MAX_STALE) {
+      return this.rebuild(now);
+    }
+    return emptyPlan();
+  }
+
+  /** Forgets a registration (no replacement): whether it was watched. */
+  private drop(reg: Registration): boolean {
     reg.done = true;
     const list = this.regs.get(reg.key);
     const i = list ? list.indexOf(reg) : -1;
-    if (!list || i < 0) return emptyPlan();
+    if (!list || i < 0) return false;
     list.splice(i, 1);
     if (list.length === 0) {
       this.regs.delete(reg.key);
@@ -200,16 +212,13 @@ export class WatchCore {
       this.lastRead.delete(reg.key);
       this.spacing.delete(reg.key);
     }
-    if (this.redirect !== null && this.registered.size > this.regs.size + MAX_STALE) {
-      return { commands: this.rebuild(), reads: [] };
-    }
-    return emptyPlan();
+    return true;
   }
 
   /** Stops a registration: no report from now on. */
-  cancel(reg: Registration): Plan {
+  cancel(reg: Registration, now: number): Plan {
     reg.cancelled = true;
-    return this.remove(reg);
+    return this.remove(reg, now);
   }
 
   covered(key: string): boolean {
@@ -217,11 +226,11 @@ export class WatchCore {
     return false;
   }
 
-  private cover(key: string): Arg[][] {
-    if (this.covered(key)) return [];
-    for (const p of this.registered) if (p.startsWith(key)) return this.rebuild(key);
+  private cover(key: string, now: number): Plan {
+    if (this.covered(key)) return emptyPlan();
+    for (const p of this.registered) if (p.startsWith(key)) return this.rebuild(now, key);
     this.registered.add(key);
-    return [trackingOn(this.redirectId(), [key])];
+    return { commands: [trackingOn(this.redirectId(), [key])], reads: [] };
   }
 
   private redirectId(): bigint {
@@ -229,15 +238,22 @@ export class WatchCore {
     return this.redirect;
   }
 
-  /** Replaces the registered set by the watched keys' (and `also`): one transaction. */
-  private rebuild(also?: string): Arg[][] {
+  /** Replaces the registered set by the watched keys' (and `also`): one transaction, then a
+   *  re-read of every watched key. `CLIENT TRACKING off` drops the broadcast invalidations the
+   *  server still had to send for our prefixes (it sends them at the end of its event-loop
+   *  iteration): a change made just before the replacement, in the same iteration, is never
+   *  pushed. The re-reads go after the transaction (a plan's commands precede its reads; a key
+   *  whose re-read is out or too recent is made due, re-read later). */
+  private rebuild(now: number, also?: string): Plan {
     const keys = [...this.regs.keys()];
     if (also !== undefined) keys.push(also);
     const next = minimal(keys);
     this.ignored = 0;
-    if (next.length === this.registered.size && next.every((p) => this.registered.has(p))) return [];
+    if (next.length === this.registered.size && next.every((p) => this.registered.has(p))) return emptyPlan();
     this.registered = new Set(next);
-    return this.replaceCommands(next);
+    const plan: Plan = { commands: this.replaceCommands(next), reads: [] };
+    for (const key of this.regs.keys()) extend(plan, this.readNowOrDue(key, now));
+    return plan;
   }
 
   private replaceCommands(set: string[]): Arg[][] {
@@ -301,9 +317,10 @@ export class WatchCore {
         else this.ignored++;
       }
     }
-    const plan = emptyPlan();
-    for (const k of held) extend(plan, this.readNowOrDue(k, now));
-    if (this.ignored >= MAX_IGNORED_PUSHES && this.redirect !== null) plan.commands.push(...this.rebuild());
+    // A replacement re-reads every watched key (the pushed ones included) after its commands.
+    const plan = this.ignored >= MAX_IGNORED_PUSHES && this.redirect !== null ? this.rebuild(now) : emptyPlan();
+    const reread = new Set(plan.reads.map(([k]) => k));
+    for (const k of held) if (!reread.has(k)) extend(plan, this.readNowOrDue(k, now));
     return plan;
   }
 
@@ -372,7 +389,8 @@ export class WatchCore {
       if (!v.decided) undecided = true;
       else if (v.cause !== null) lost.push([reg, v.cause]);
     }
-    for (const [reg] of lost) this.remove(reg);
+    // No replacement here (its plan would have nowhere to go): a later one drops the stale prefixes.
+    for (const [reg] of lost) this.drop(reg);
     if (undecided || (this.regs.get(key) ?? []).some((r) => r.first > number)) this.due.add(key);
     return lost;
   }

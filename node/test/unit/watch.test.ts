@@ -134,7 +134,7 @@ test("pushes for keys no longer watched shrink the registered set, once", () => 
   const gone = new Registration("gone", "A");
   w.add(held, 0);
   w.add(gone, 0);
-  w.cancel(gone);
+  w.cancel(gone, 0);
   assert.equal(gone.cancelled, true);
   for (let i = 0; i < MAX_IGNORED_PUSHES - 1; i++) assert.deepEqual(w.message(["gone"], 10 + i), { commands: [], reads: [] });
   const p = w.message(["gone"], 20);
@@ -149,10 +149,57 @@ test("stale prefixes are dropped once more than MAX_STALE pile up", () => {
   for (let i = 0; i <= MAX_STALE; i++) {
     const r = new Registration(`k${String(i).padStart(4, "0")}`, "A");
     w.add(r, 0);
-    const p = w.cancel(r);
+    const p = w.cancel(r, 0);
     if (p.commands.length > 0) rebuilt = p.commands;
   }
   assert.deepEqual(rebuilt, [["MULTI"], ["CLIENT", "TRACKING", "off"], trackingOn(42n, ["kept"]), ["EXEC"]]);
+});
+
+test("every replacement of the registered set is followed by a re-read of every watched key", () => {
+  // CLIENT TRACKING off drops the broadcast invalidations the server had not sent yet: a change
+  // just before the replacement is never pushed, so the keys are read again after it.
+  const w = connected();
+  const readOf = (p: { reads: Array<[string, number]> }, key: string): number => {
+    const r = p.reads.find(([k]) => k === key);
+    assert.ok(r, `a re-read of ${key}`);
+    return r[1];
+  };
+  w.readDone("held", readOf(w.add(new Registration("held", "A"), 0), "held"), info("A"), undefined);
+  const outRead = readOf(w.add(new Registration("out", "A"), 0), "out"); // not answered yet
+  let replaced = null as null | { commands: unknown[]; reads: Array<[string, number]> };
+  for (let i = 0; i <= MAX_STALE; i++) {
+    const r = new Registration(`k${String(i).padStart(4, "0")}`, "A");
+    w.add(r, 0);
+    const p = w.cancel(r, 100);
+    if (i < MAX_STALE) assert.deepEqual(p, { commands: [], reads: [] });
+    else replaced = p;
+  }
+  assert.ok(replaced);
+  assert.deepEqual(replaced.commands, [["MULTI"], ["CLIENT", "TRACKING", "off"], trackingOn(42n, ["held", "out"]), ["EXEC"]]);
+  // "held" is re-read now; the re-read of "out" still out went before the replacement: "out" is
+  // due again once it is answered.
+  assert.deepEqual(replaced.reads.map(([k]) => k), ["held"]);
+  w.readDone("held", readOf(replaced, "held"), info("A"), undefined);
+  assert.deepEqual(w.readDone("out", outRead, info("A"), undefined), []);
+  const again = w.tick(200);
+  assert.deepEqual(again.reads.map(([k]) => k), ["out"]);
+  w.readDone("out", readOf(again, "out"), info("A"), undefined);
+
+  // A replacement after pushes for keys no longer watched re-reads too (a pushed key once).
+  const gone = new Registration("gone", "A");
+  w.add(gone, 300);
+  w.cancel(gone, 300);
+  for (let i = 0; i < MAX_IGNORED_PUSHES - 1; i++) w.message(["gone"], 400);
+  const p = w.message(["gone", "held"], 500);
+  assert.deepEqual(p.commands, [["MULTI"], ["CLIENT", "TRACKING", "off"], trackingOn(42n, ["held", "out"]), ["EXEC"]]);
+  assert.deepEqual(p.reads.map(([k]) => k).sort(), ["held", "out"]);
+
+  // A replacement that a shorter key brings re-reads the others and the new key.
+  const w2 = connected();
+  w2.readDone("lock:ab", readOf(w2.add(new Registration("lock:ab", "A"), 0), "lock:ab"), info("A"), undefined);
+  const p3 = w2.add(new Registration("lock:a", "A"), 100);
+  assert.deepEqual(p3.commands, [["MULTI"], ["CLIENT", "TRACKING", "off"], trackingOn(42n, ["lock:a"]), ["EXEC"]]);
+  assert.deepEqual(p3.reads.map(([k]) => k).sort(), ["lock:a", "lock:ab"]);
 });
 
 test("a key with many holders is re-read less often", () => {

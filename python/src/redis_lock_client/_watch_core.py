@@ -27,7 +27,10 @@ Rules (as the Rust client's):
   by a registered prefix needs nothing, a key that is the prefix of registered ones makes the
   watcher replace the set; the set is replaced (one ``MULTI``/``EXEC``) only when it changes:
   once ``MAX_STALE`` prefixes of keys no longer held pile up, or ``MAX_IGNORED_PUSHES`` pushes
-  came for keys no longer held;
+  came for keys no longer held; every held key is re-read after a replacement (``CLIENT
+  TRACKING off`` frees a prefix left with no client together with the changed keys the server
+  has not pushed yet, which it pushes at the end of its event-loop iteration: a ``DEL`` run in
+  the same iteration, just before the replacement, is never pushed);
 - a new registration is followed by a re-read of its key (covering the moment between the
   grant and the registration); a re-read sent before a registration does not judge it;
 - after (re)connecting, every key is registered again and re-read (changes while the
@@ -331,8 +334,10 @@ class Watcher:
         reg.first = self.reads_sent + 1
         if self.redirect is None:
             return Plan()
-        plan = Plan(commands=self._cover(reg.key))
-        plan.extend(self._read_now_or_due(reg.key, time.monotonic()))
+        now = time.monotonic()
+        plan = self._cover(reg.key, now)
+        if all(k != reg.key for k, _ in plan.reads):  # (a replacement re-reads every key)
+            plan.extend(self._read_now_or_due(reg.key, now))
         return plan
 
     def cancel(self, reg: Registration) -> Plan:
@@ -354,33 +359,42 @@ class Watcher:
         if not self.regs:
             self.idle_since = time.monotonic()
         if self.redirect is not None and len(self.registered) > len(self.regs) + MAX_STALE:
-            return Plan(commands=self._rebuild())
+            return self._rebuild(time.monotonic())
         return Plan()
 
     def _covered(self, key: bytes) -> bool:
         return any(key.startswith(p) for p in self.registered)
 
-    def _cover(self, key: bytes) -> List[Args]:
+    def _cover(self, key: bytes, now: float) -> Plan:
         if self._covered(key):
-            return []
+            return Plan()
         if any(p.startswith(key) for p in self.registered):
-            return self._rebuild()
+            return self._rebuild(now)
         self.registered.add(key)
         assert self.redirect is not None
-        return [tracking_on(self.redirect, [key])]
+        return Plan(commands=[tracking_on(self.redirect, [key])])
 
-    def _rebuild(self) -> List[Args]:
+    def _rebuild(self, now: float) -> Plan:
+        """Replaces the registered set with the held keys' (one ``MULTI``/``EXEC``) if it
+        differs, then re-reads every held key: ``CLIENT TRACKING off`` frees a prefix left with
+        no client together with the changed keys not yet pushed (the server pushes them at the
+        end of its event-loop iteration), so a change run in the same iteration as the
+        replacement, before it, is never pushed. A key with a re-read out (sent before the
+        replacement) or within its spacing is made due: re-read after the replacement."""
         new = minimal(self.regs)
         self.ignored = 0
         if set(new) == self.registered:
-            return []
+            return Plan()
         self.registered = set(new)
         assert self.redirect is not None
         cmds: List[Args] = [("MULTI",), TRACKING_OFF]
         if new:
             cmds.append(tracking_on(self.redirect, new))
         cmds.append(("EXEC",))
-        return cmds
+        plan = Plan(commands=cmds)
+        for key in sorted(self.regs):
+            plan.extend(self._read_now_or_due(key, now))
+        return plan
 
     def registered_reply(self, reply: Any, error: Optional[BaseException]) -> bool:
         """The reply to a registration command (an ``EXEC`` reply's inner errors included).
@@ -452,7 +466,7 @@ class Watcher:
         for k in held:
             plan.extend(self._read_now_or_due(k, now))
         if self.ignored >= MAX_IGNORED_PUSHES and self.redirect is not None:
-            plan.commands += self._rebuild()
+            plan.extend(self._rebuild(now))
         return plan
 
     def _spacing_of(self, key: bytes) -> float:
@@ -516,7 +530,8 @@ class Watcher:
             elif reason is not None:
                 lost.append((reg, reason))
         for reg, _ in lost:
-            self.remove(reg)
+            # (a replacement the removal asks for goes out at the face's next ``step``)
+            self.queue(self.remove(reg))
         if undecided or any(r.first > number for r in self.regs.get(key, [])):
             self.due.add(key)
         return lost
