@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -57,33 +57,31 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def sdist_entry(version: str) -> Dict[str, Any]:
+    """PyPI's simple-index entry (JSON form, PEP 691) for ``redis-VERSION.tar.gz``."""
+    name = f"redis-{version}.tar.gz"
+    req = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        index = json.load(resp)
+    for f in index.get("files", []):
+        if f.get("filename") == name:
+            return dict(f)
+    raise SystemExit(f"{name} is not on {INDEX}")
+
+
 def published_sha256(version: str) -> str:
     """The sha256 PyPI publishes for ``redis-VERSION.tar.gz`` (``--from-pypi``: a version not
     pinned here, such as the newest one for ``make test-latest-python``)."""
-    name = f"redis-{version}.tar.gz"
-    req = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        index = json.load(resp)
-    for f in index.get("files", []):
-        if f.get("filename") == name:
-            return str(f.get("hashes", {}).get("sha256", ""))
-    raise SystemExit(f"{name} is not on {INDEX}")
+    return str(sdist_entry(version).get("hashes", {}).get("sha256", ""))
 
 
 def sdist_url(version: str, sha: str) -> str:
-    """The sdist's URL from PyPI's simple index (JSON form, PEP 691), after checking that the
-    hash PyPI publishes for it is the pinned one."""
-    name = f"redis-{version}.tar.gz"
-    req = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        index = json.load(resp)
-    for f in index.get("files", []):
-        if f.get("filename") == name:
-            published = f.get("hashes", {}).get("sha256", "")
-            if published != sha:
-                raise SystemExit(f"{name}: PyPI publishes sha256 {published}, versions.txt pins {sha}")
-            return str(f["url"])
-    raise SystemExit(f"{name} is not on {INDEX}")
+    """The sdist's URL, after checking that the hash PyPI publishes for it is the pinned one."""
+    entry = sdist_entry(version)
+    published = entry.get("hashes", {}).get("sha256", "")
+    if published != sha:
+        raise SystemExit(f"redis-{version}.tar.gz: PyPI publishes sha256 {published}, versions.txt pins {sha}")
+    return str(entry["url"])
 
 
 def fetch_sdist(version: str, sha: str) -> Path:
