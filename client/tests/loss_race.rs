@@ -71,6 +71,23 @@ fn paused_del(server: &Server, key: &str) -> std::thread::JoinHandle<()> {
     handle
 }
 
+/// The race itself: with `held` held and the watcher one release away from replacing its
+/// prefixes, a `DEL held` reaches the paused server, then `replace` (that release) does; when
+/// the pause ends both run in one event-loop iteration. The loss must be noticed.
+fn del_met_by_replacement(server: &Server, is_lost: impl Fn() -> bool, replace: impl FnOnce()) {
+    settle();
+    assert!(!is_lost());
+    let del = paused_del(server, "held");
+    replace();
+    del.join().unwrap();
+    let noticed = poll_1ms(notice_bound(), is_lost);
+    assert!(
+        noticed.is_some(),
+        "the DEL of a held key was not noticed within {:?}",
+        notice_bound()
+    );
+}
+
 fn stale_key(i: usize) -> String {
     format!("stale-{i:03}")
 }
@@ -92,18 +109,12 @@ fn async_a_del_met_by_a_replacement_of_the_prefixes_is_noticed() {
     let last = rt
         .block_on(client.acquire(&stale_key(STALE - 1), Acquire::write(TTL)))
         .unwrap();
-    settle();
-    assert!(!held.is_lost());
-    let del = paused_del(&server, "held");
     // This release makes the prefixes stale enough for a replacement, which reaches the server
     // (paused) after the DEL.
-    rt.block_on(last.release()).unwrap();
-    del.join().unwrap();
-    let noticed = poll_1ms(notice_bound(), || held.is_lost());
-    assert!(
-        noticed.is_some(),
-        "the DEL of a held key was not noticed within {:?}",
-        notice_bound()
+    del_met_by_replacement(
+        &server,
+        || held.is_lost(),
+        || rt.block_on(last.release()).unwrap(),
     );
 }
 
@@ -128,17 +139,7 @@ fn sync_a_del_met_by_a_replacement_of_the_prefixes_is_noticed() {
     let last = client
         .acquire(&stale_key(STALE - 1), Acquire::write(TTL))
         .unwrap();
-    settle();
-    assert!(!held.is_lost());
-    let del = paused_del(&server, "held");
-    last.release().unwrap();
-    del.join().unwrap();
-    let noticed = poll_1ms(notice_bound(), || held.is_lost());
-    assert!(
-        noticed.is_some(),
-        "the DEL of a held key was not noticed within {:?}",
-        notice_bound()
-    );
+    del_met_by_replacement(&server, || held.is_lost(), || last.release().unwrap());
 }
 
 const ROUNDS: usize = 300;
