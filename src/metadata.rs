@@ -163,16 +163,33 @@ pub const EXTEND: CommandDoc = CommandDoc {
 
 pub const INFO: CommandDoc = CommandDoc {
     name: "lock.info",
-    arity: 2,
+    arity: -2,
     flags: "readonly fast",
     access: KeyAccess::ReadOnly,
     summary: "Shows a lock's mode, last fencing token, holders with their counts and \
-                  remaining ms, and its queue. Nil when the key does not exist.",
-    complexity: "O(N) where N is the number of holders and waiters of the key",
+                  remaining ms, how many hold it, and its queue. Nil when the key does not \
+                  exist. OWNER lists only that owner's holder entry, COUNT at most n entries \
+                  (1 to 1000); either also lists at most 1000 queued clients.",
+    complexity: "O(N) where N is the number of holders and waiters of the key; with OWNER or \
+                 COUNT n, O(1) or O(n)",
     since: SINCE,
     acl_categories: "read fast",
     in_module_category: true,
-    args: &[KEY],
+    args: &[
+        KEY,
+        ArgDoc {
+            name: "owner",
+            kind: ArgKind::String,
+            token: Some("OWNER"),
+            optional: true,
+        },
+        ArgDoc {
+            name: "count",
+            kind: ArgKind::Integer,
+            token: Some("COUNT"),
+            optional: true,
+        },
+    ],
 };
 
 pub const SYNC: CommandDoc = CommandDoc {

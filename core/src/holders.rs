@@ -244,6 +244,28 @@ impl HolderSet {
         self.iter().filter(|(_, h)| h.expires_at > now).count()
     }
 
+    /// How many holders are live at `now` (a lease just past is not counted before its removal
+    /// runs): exact, in O(holders whose lease has passed), through the expiry index.
+    pub fn live_len(&self, now: Millis) -> usize {
+        match &self.repr {
+            Repr::Empty | Repr::Delayed(_) => 0,
+            Repr::One(_, h) => usize::from(h.expires_at > now),
+            Repr::Many(m) => m.len().saturating_sub(m.count_due(now)),
+        }
+    }
+
+    /// The first `max` live holders in storage order, sorted by owner bytes: `LOCK.INFO key
+    /// COUNT n`, in O(n + holders whose lease has passed), whatever the number of holders.
+    pub fn first_live(&self, now: Millis, max: usize) -> Vec<(&[u8], &Holder)> {
+        let mut some: Vec<_> = self
+            .iter()
+            .filter(|(_, h)| h.expires_at > now)
+            .take(max)
+            .collect();
+        some.sort_by(|a, b| a.0.cmp(b.0));
+        some
+    }
+
     /// Adds a new holder (ending any lock-delay); the caller has checked that `owner` holds
     /// nothing yet.
     pub fn insert(&mut self, owner: &[u8], holder: Holder) {

@@ -131,6 +131,19 @@ impl Indexed {
         self.by_expiry.last().map(|(t, _)| *t)
     }
 
+    /// How many entries are due at `now` (expiry at or before it): O(due) through the expiry
+    /// index, whatever the number of entries.
+    pub(crate) fn count_due(&self, now: Millis) -> usize {
+        if !self.indexed {
+            return self
+                .entries
+                .iter()
+                .filter(|e| e.holder.expires_at <= now)
+                .count();
+        }
+        self.by_expiry.range(..=(now, usize::MAX)).count()
+    }
+
     /// The earliest expiry and the position of an entry with it.
     fn earliest(&self) -> Option<(Millis, usize)> {
         if !self.indexed {
@@ -458,6 +471,10 @@ mod tests {
             prop_assert_eq!(set.earliest_expiry(), model.values().map(|v| v.1).min());
             prop_assert_eq!(set.latest_expiry(), model.values().map(|v| v.1).max());
             prop_assert_eq!(set.total(), model.values().map(|v| v.0).sum::<u64>());
+            for now in [0u64, 3, 8, 15, 16] {
+                let due = model.values().filter(|v| v.1 <= now).count();
+                prop_assert_eq!(set.count_due(now), due);
+            }
         }
         Ok(())
     }

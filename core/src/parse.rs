@@ -257,6 +257,62 @@ pub fn extend<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], Millis), ArgError> {
     }
 }
 
+/// `LOCK.INFO` arguments after the key: which holder entries the reply lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InfoArgs<'a> {
+    /// `OWNER o`: only that owner's holder entry (or none).
+    pub owner: Option<&'a [u8]>,
+    /// `COUNT n`: at most `n` holder entries, 1 to [`MAX_INFO_COUNT`].
+    pub count: Option<usize>,
+}
+
+impl InfoArgs<'_> {
+    /// Plain `LOCK.INFO key`: every holder, every queued client (O(holders + waiters)).
+    pub fn is_full(&self) -> bool {
+        self.owner.is_none() && self.count.is_none()
+    }
+}
+
+/// The most holder entries `LOCK.INFO ... COUNT n` lists (as LOCK.QUEUES's COUNT).
+pub const MAX_INFO_COUNT: usize = MAX_QUEUES_COUNT;
+
+/// Parses `[OWNER owner] [COUNT n]` (any order, each at most once, case-insensitive).
+pub fn info<'a>(args: &[&'a [u8]]) -> Result<InfoArgs<'a>, ArgError> {
+    let mut parsed = InfoArgs {
+        owner: None,
+        count: None,
+    };
+    let mut rest = args;
+    while let [opt, tail @ ..] = rest {
+        let is_owner = opt.eq_ignore_ascii_case(b"OWNER");
+        if !is_owner && !opt.eq_ignore_ascii_case(b"COUNT") {
+            return Err(ArgError::UnknownOption);
+        }
+        let [value, tail @ ..] = tail else {
+            return Err(ArgError::Syntax);
+        };
+        if is_owner {
+            if parsed.owner.is_some() {
+                return Err(ArgError::RepeatedOption);
+            }
+            parsed.owner = Some(parse_owner(value)?);
+        } else {
+            if parsed.count.is_some() {
+                return Err(ArgError::RepeatedOption);
+            }
+            let n = parse_i64(value).ok_or(ArgError::CountNotInteger)?;
+            parsed.count = Some(
+                usize::try_from(n)
+                    .ok()
+                    .filter(|n| (1..=MAX_INFO_COUNT).contains(n))
+                    .ok_or(ArgError::CountRange)?,
+            );
+        }
+        rest = tail;
+    }
+    Ok(parsed)
+}
+
 fn parse_owner(owner: &[u8]) -> Result<&[u8], ArgError> {
     if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
         return Err(ArgError::Owner);
@@ -349,6 +405,41 @@ mod tests {
             Err(ArgError::RepeatedOption)
         );
         assert_eq!(q(&["LIMIT", "3"]), Err(ArgError::UnknownOption));
+    }
+
+    fn inf(args: &[&str]) -> Result<(Option<Vec<u8>>, Option<usize>), ArgError> {
+        let owned = a(args);
+        let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
+        info(&refs).map(|r| (r.owner.map(<[u8]>::to_vec), r.count))
+    }
+
+    #[test]
+    fn info_owner_and_count_in_any_order_once_each() {
+        assert_eq!(inf(&[]), Ok((None, None)));
+        assert_eq!(inf(&["owner", "w1"]), Ok((Some(b"w1".to_vec()), None)));
+        assert_eq!(
+            inf(&["COUNT", "5", "Owner", "COUNT"]),
+            Ok((Some(b"COUNT".to_vec()), Some(5)))
+        );
+        assert_eq!(inf(&["COUNT", "1000"]), Ok((None, Some(1000))));
+        assert_eq!(inf(&["COUNT", "0"]), Err(ArgError::CountRange));
+        assert_eq!(inf(&["COUNT", "1001"]), Err(ArgError::CountRange));
+        assert_eq!(inf(&["COUNT", "x"]), Err(ArgError::CountNotInteger));
+        assert_eq!(inf(&["OWNER", ""]), Err(ArgError::Owner));
+        let long = "x".repeat(MAX_OWNER_LEN + 1);
+        assert_eq!(inf(&["OWNER", &long]), Err(ArgError::Owner));
+        assert_eq!(inf(&["OWNER"]), Err(ArgError::Syntax));
+        assert_eq!(inf(&["COUNT"]), Err(ArgError::Syntax));
+        assert_eq!(
+            inf(&["OWNER", "a", "OWNER", "b"]),
+            Err(ArgError::RepeatedOption)
+        );
+        assert_eq!(
+            inf(&["COUNT", "1", "count", "2"]),
+            Err(ArgError::RepeatedOption)
+        );
+        assert_eq!(inf(&["BY", "AGE"]), Err(ArgError::UnknownOption));
+        assert!(info(&[]).is_ok_and(|i| i.is_full()));
     }
 
     fn acq(args: &[&str]) -> Result<(Vec<u8>, Millis, Option<Millis>), ArgError> {

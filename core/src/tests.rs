@@ -1194,6 +1194,28 @@ fn some_live_holders_are_named_within_a_budget() {
     assert_eq!(b.lock.holders().live_count(b.now, 1000), 1000);
 }
 
+/// LOCK.INFO's bounded forms: the exact live count through the expiry index, and the first `n`
+/// live holders in storage order (sorted by owner), whatever the number of holders.
+#[test]
+fn live_len_and_first_live_skip_passed_leases() {
+    let mut b = Bench::new();
+    for i in 0..1000 {
+        b.read(&format!("r{i:04}"));
+    }
+    assert_eq!(b.lock.holders().live_len(b.now), 1000);
+    assert_eq!(b.lock.holders().live_len(b.now + 10_000), 0);
+    let first = b.lock.holders().first_live(b.now, 7);
+    assert_eq!(first.len(), 7);
+    assert!(first.windows(2).all(|w| w[0].0 < w[1].0));
+    assert!(b.lock.holders().first_live(b.now + 10_000, 7).is_empty());
+    let mut one = Bench::new();
+    one.write("w");
+    assert_eq!(one.lock.holders().live_len(one.now), 1);
+    assert_eq!(one.lock.holders().live_len(one.now + 10_000), 0);
+    assert_eq!(one.lock.holders().first_live(one.now, 1000).len(), 1);
+    assert_eq!(Bench::new().lock.holders().live_len(0), 0);
+}
+
 /// A count never goes past MAX_COUNT, the largest a stored value may carry: a re-entry at it is
 /// refused and changes nothing (found by the docs test: a restored count of 2^63 - 1 took one
 /// more re-entry, and the key's DUMP was then refused by RESTORE).

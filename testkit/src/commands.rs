@@ -41,7 +41,18 @@ pub fn err(c: &mut Connection, words: &[&str]) -> String {
 
 /// LOCK.INFO as a map from field name to value (RESP2 flat array), or None for nil.
 pub fn info(c: &mut Connection, key: &str) -> Option<HashMap<String, Value>> {
-    match query(c, &["LOCK.INFO", key]).expect("LOCK.INFO") {
+    info_with(c, key, &[])
+}
+
+/// `LOCK.INFO key [options]` (e.g. `["OWNER", "o"]`, `["COUNT", "5"]`) as a map, or None for nil.
+pub fn info_with(
+    c: &mut Connection,
+    key: &str,
+    options: &[&str],
+) -> Option<HashMap<String, Value>> {
+    let mut words = vec!["LOCK.INFO", key];
+    words.extend_from_slice(options);
+    match query(c, &words).expect("LOCK.INFO") {
         Value::Nil => None,
         Value::Array(items) => {
             let mut map = HashMap::new();
@@ -227,7 +238,7 @@ pub fn holder_entries(c: &mut Connection, key: &str) -> Vec<(String, i64, i64, i
     hs.iter()
         .map(|h| match h {
             Value::Array(parts) => match &parts[..] {
-                [o, Value::Int(n), Value::Int(ttl), Value::Int(held)] => {
+                [o, Value::Int(n), Value::Int(ttl), Value::Int(held), ..] => {
                     (value_text(o), *n, *ttl, *held)
                 }
                 other => panic!("holder entry {other:?}"),
