@@ -13,7 +13,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps deps-valkey build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
+.PHONY: all deps deps-valkey deps-build deps-server build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
 	dist dist-check test-dist defrag-server test-defrag \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run \
 	node-deps node-build test-node lint-node bench-node bench-node-run
@@ -26,7 +26,15 @@ deps:
 deps-valkey:
 	@scripts/ensure-deps.sh valkey
 
-build: deps
+# `make build` and `make dist` install only what compiling needs (libclang, for bindgen);
+# `make run` and `make dist-check` also redis-server. Each names what it installs before it does.
+deps-build:
+	@scripts/ensure-deps.sh build
+
+deps-server:
+	@scripts/ensure-deps.sh server
+
+build: deps-build
 	$(CARGO) build --locked --release
 
 # Foreground server on 127.0.0.1:$(PORT) with the module, configured by module.conf.example;
@@ -34,7 +42,7 @@ build: deps
 # absolute because redis-server changes into --dir before it loads modules.
 RUN_DIR := $(CURDIR)/target/run
 
-run: build
+run: deps-server build
 	@mkdir -p $(RUN_DIR)
 	redis-server module.conf.example --loadmodule $(CURDIR)/$(MODULE) --dir $(RUN_DIR) --port $(PORT)
 
@@ -146,11 +154,11 @@ bench-check-update: deps
 # profiling. `make dist-check` verifies the checksums, the split, and that SERVER loads the .so
 # (MODULE LIST shows lock with the file's version); it needs the release build, so it is not part
 # of `make test` (which builds only the debug module).
-dist: deps
+dist: deps-build
 	$(CARGO) build --locked --release
 	CARGO=$(CARGO) scripts/dist.sh
 
-dist-check: dist
+dist-check: deps-server dist
 	CARGO=$(CARGO) SERVER=$(SERVER) scripts/dist-check.sh
 
 # The same packing and checks on the debug build, into target/dist-test/ (a few seconds, no

@@ -9,6 +9,12 @@
 #                                     missing (Debian's nodejs is 18 on bookworm: the package's
 #                                     minimum; a newer Node already on PATH is used as it is)
 #   scripts/ensure-deps.sh valkey     also valkey-server 8 (from bookworm-backports)
+#   scripts/ensure-deps.sh build      only what building the module needs: libclang
+#                                     (`make build`, `make dist`)
+#   scripts/ensure-deps.sh server     libclang, redis-server and redis-tools (`make run`,
+#                                     `make dist-check`)
+# Each package it installs is named on stderr first ("ensure-deps: installing ..."); on
+# Debian, redis-server, the exporter and prometheus start system services (see below).
 #
 # libclang: bindgen (run by the redis-module crate's build script) loads `libclang.so` or
 # `libclang-NN.so.N` (package libclang1-NN, pulled in by libclang-dev). Debian images often
@@ -17,10 +23,13 @@
 set -euo pipefail
 
 want_valkey=0
+# What to check: everything the tests need (the default), or a part of it.
+scope=all
 for arg in "$@"; do
   case "$arg" in
     valkey) want_valkey=1 ;;
-    *) echo "ensure-deps: unknown argument '$arg' (known: valkey)" >&2; exit 2 ;;
+    build | server) scope=$arg ;;
+    *) echo "ensure-deps: unknown argument '$arg' (known: valkey, build, server)" >&2; exit 2 ;;
   esac
 done
 
@@ -51,27 +60,31 @@ apt_update() {
 }
 
 missing=()
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
 have_libclang || missing+=(libclang-dev)
-# The Rust client's TLS test makes a throwaway CA and certificate with the openssl command.
-command -v openssl >/dev/null 2>&1 || missing+=(openssl)
-# The Python client's tests run in a virtual environment (Debian's python3 needs python3-venv).
-python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
-# The Node.js client (node/): its build and tests run with node and npm (`make node-deps` then
-# installs its packages from node/package-lock.json).
-command -v node >/dev/null 2>&1 || missing+=(nodejs)
-command -v npm >/dev/null 2>&1 || missing+=(npm)
-# Prometheus's redis_exporter, for the test of the shipped collect script (tests/observability.rs).
-command -v prometheus-redis-exporter >/dev/null 2>&1 || command -v redis_exporter >/dev/null 2>&1 \
-  || missing+=(prometheus-redis-exporter)
-# A Prometheus server (and promtool), for the test that runs the documented Prometheus
-# configuration and alert rules against the exporter (tests/prometheus.rs).
 new_prometheus=0
-if ! command -v prometheus >/dev/null 2>&1; then
-  missing+=(prometheus)
-  new_prometheus=1
+if [ "$scope" != build ]; then
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+  command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+fi
+if [ "$scope" = all ]; then
+  # The Rust client's TLS test makes a throwaway CA and certificate with the openssl command.
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  # The Python client's tests run in a virtual environment (Debian's python3 needs python3-venv).
+  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+  # The Node.js client (node/): its build and tests run with node and npm (`make node-deps` then
+  # installs its packages from node/package-lock.json).
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  # Prometheus's redis_exporter, for the test of the shipped collect script (tests/observability.rs).
+  command -v prometheus-redis-exporter >/dev/null 2>&1 || command -v redis_exporter >/dev/null 2>&1 \
+    || missing+=(prometheus-redis-exporter)
+  # A Prometheus server (and promtool), for the test that runs the documented Prometheus
+  # configuration and alert rules against the exporter (tests/prometheus.rs).
+  if ! command -v prometheus >/dev/null 2>&1; then
+    missing+=(prometheus)
+    new_prometheus=1
+  fi
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then
