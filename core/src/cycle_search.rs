@@ -1,5 +1,5 @@
-//! The deadlock check the server runs: the question of [`closes_cycle`](crate::closes_cycle)
-//! (same graph, same answer), searched backwards from the requester and within a budget of
+//! The deadlock check the server runs: the question of `closes_cycle` (in the test-only
+//! `deadlock_reference.rs`; same graph, same answer), searched backwards from the requester and within a budget of
 //! visits, so that no request costs the server an unbounded amount of time (SPEC.md, "Bounded
 //! cost").
 //!
@@ -343,8 +343,8 @@ impl<G: WaitGraph> Search<'_, G> {
 const PEEK: usize = 16;
 
 /// Would a request of `requester` in `mode` on `key` (whose lock is `lock`), which cannot be
-/// granted at once, close a cycle if it waited? The question
-/// [`closes_cycle`](crate::closes_cycle) answers over [`Lock::blockers`], searched backwards
+/// granted at once, close a cycle if it waited? The question the test-only reference
+/// `closes_cycle` answers over `Lock::blockers`, searched backwards
 /// within `visits` (see the module documentation). Also returns how many visits the check
 /// made.
 ///

@@ -1,5 +1,5 @@
 //! The bounded search's cost: what it visits and what it never does (the comparison with the
-//! brute-force reading of SPEC.md is in `deadlock_tests.rs`, which runs both on random systems).
+//! brute-force reading of SPEC.md is in `deadlock_reference_tests.rs`, which runs both on random systems).
 
 use super::*;
 use crate::{Acquired, FenceCounter, HoldOptions, Request, Step};

@@ -1,6 +1,8 @@
-//! Deadlock detection, the pure part: who a request waits for on one key ([`Lock::blockers`]),
-//! and whether waiting would close a cycle through the other keys ([`closes_cycle`]). The
-//! Redis side walks its keys; nothing here knows about keys, databases or clients.
+//! The reference for deadlock detection, compiled only for tests: who a request waits for on
+//! one key ([`Lock::blockers`]), and whether waiting would close a cycle through the other keys
+//! ([`closes_cycle`]), with no budget. The module uses the bounded search of `cycle_search`;
+//! the tests here and in `cycle_search_tests.rs` hold it to this exhaustive reading of the
+//! rules. Nothing here knows about keys, databases or clients.
 //!
 //! # The graph (SPEC.md, "Deadlock detection")
 //!
@@ -271,5 +273,5 @@ pub fn closes_cycle(
 }
 
 #[cfg(test)]
-#[path = "deadlock_tests.rs"]
+#[path = "deadlock_reference_tests.rs"]
 mod tests;
