@@ -395,6 +395,30 @@ pub fn measure(server: &Server, quick: bool, step: &dyn Fn(&str)) -> Vec<Row> {
     );
     add(
         &mut c,
+        "LOCK.INFO OWNER of one of the 100,000 readers (a client checking its own hold)",
+        "lock.info",
+        words(&["LOCK.INFO", "wc:readers", "OWNER", "wc-reader-50000"]),
+        immediate,
+        fast,
+    );
+    add(
+        &mut c,
+        "LOCK.INFO COUNT 10 of the key of 100,000 readers",
+        "lock.info",
+        words(&["LOCK.INFO", "wc:readers", "COUNT", "10"]),
+        immediate,
+        fast,
+    );
+    add(
+        &mut c,
+        "LOCK.INFO OWNER of one of the 100,000 permit holders",
+        "lock.info",
+        words(&["LOCK.INFO", "wc:sem", "OWNER", "wc-permit-50000"]),
+        immediate,
+        fast,
+    );
+    add(
+        &mut c,
         "LOCK.QUEUES (about 10,000 queues; default BY AGE COUNT 10)",
         "lock.queues",
         words(&["LOCK.QUEUES"]),
