@@ -251,7 +251,7 @@ mod tests {
     /// `MODULE LIST` or `INFO lock` which files a build can load (docs/operations.md, "Upgrading
     /// and removing the module", shows this table; a test keeps the two and the build in step).
     /// Builds before 0.3.0 all reported 100 whether they wrote encoding 1 or 2.
-    const RELEASES: &[(&str, i32)] = &[("0.1.0", 2), ("0.3.0", 3)];
+    const RELEASES: &[(&str, i32)] = &[("0.1.0", 2), ("0.3.0", 3), ("0.4.0", 3)];
 
     #[test]
     fn module_version_follows_the_crate_version() {

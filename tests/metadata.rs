@@ -178,14 +178,14 @@ fn waiting_commands_carry_the_blocking_flag_and_the_module_version_follows_the_c
         .expect("module lock listed");
     assert_eq!(lock["ver"], Value::Int(expected));
     // This release's number, and INFO says the same with the encoding it writes.
-    assert_eq!(expected, 300);
-    assert_eq!(info_field(&mut c, "module_version"), 300);
+    assert_eq!(expected, 400);
+    assert_eq!(info_field(&mut c, "module_version"), 400);
     assert_eq!(info_field(&mut c, "encoding_version"), 3);
     let modules = info_section(&mut c, "modules");
     let line = modules
         .get("module")
         .expect("INFO modules lists the module");
-    assert!(line.starts_with("name=lock,ver=300,"), "{line}");
+    assert!(line.starts_with("name=lock,ver=400,"), "{line}");
 }
 
 /// A connection authenticated as a fresh user with the given ACL rules.
