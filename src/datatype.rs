@@ -100,8 +100,11 @@ impl TypeHandler for LockType {
     fn aux_load(rdb: &mut RdbReader<'_>) -> bool {
         match rdb.unsigned() {
             Ok(last) if last <= MAX_TOKEN => {
+                // Refused, the load still goes on to the keys (aux data comes first), so the
+                // log names the key that carries such a token; the load then fails there, or at
+                // its end if no key does (`stats::stop_if_load_refused`).
                 if !stats::accept_stored_token(last, "the RDB's module-wide fencing counter") {
-                    return false;
+                    return true;
                 }
                 stats::observe_token(last, "the RDB's fencing counter");
                 true
