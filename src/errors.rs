@@ -59,7 +59,9 @@ pub const WAITER_WRONG_KIND: &str =
 pub fn refusal_reason(reason: Refusal) -> &'static str {
     match reason {
         Refusal::Evictable => EVICTABLE_REFUSED,
-        Refusal::TokensExhausted if redis_lock_core::MAX_EXACT_TOKEN < crate::stats::last_token() => {
+        Refusal::TokensExhausted
+            if redis_lock_core::MAX_EXACT_TOKEN < crate::stats::last_token() =>
+        {
             TOKENS_EXHAUSTED_LEGACY
         }
         Refusal::TokensExhausted => TOKENS_EXHAUSTED,

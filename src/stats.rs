@@ -53,7 +53,11 @@ pub fn accept_stored_token(token: u64, what: &str) -> bool {
          lock.legacy-tokens yes (a config-file line, --lock.legacy-tokens yes on the command \
          line, or CONFIG SET at runtime): tokens then go on above it, and clients that read \
          integers as doubles cannot tell neighbouring tokens apart",
-        if with_fences(|f| f.legacy()) { "2^63-1" } else { "2^53-1" },
+        if with_fences(|f| f.legacy()) {
+            "2^63-1"
+        } else {
+            "2^53-1"
+        },
         with_fences(|f| f.end()),
     );
     crate::sys::context::log_warning(&line);

@@ -621,8 +621,18 @@ fn waiters_whose_turn_comes_while_the_server_can_evict_get_the_refusal() {
     let mut c = server.client();
     config_set(&mut c, "lock.refuse-when-evictable", "yes");
     int(&mut c, &["LOCK.ACQUIRE", "q", "holder", LONG]);
-    let first = spawn_waiter(&server, &mut c, &["LOCK.ACQUIRE", "q", "w1", LONG, "WAIT", "0"], 1);
-    let second = spawn_waiter(&server, &mut c, &["LOCK.RWREAD", "q", "w2", LONG, "WAIT", "0"], 2);
+    let first = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "q", "w1", LONG, "WAIT", "0"],
+        1,
+    );
+    let second = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.RWREAD", "q", "w2", LONG, "WAIT", "0"],
+        2,
+    );
     config_set(&mut c, "maxmemory", "1gb");
     config_set(&mut c, "maxmemory-policy", "allkeys-lru");
     assert_eq!(info_field(&mut c, "evictable"), 1);

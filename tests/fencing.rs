@@ -236,13 +236,14 @@ fn warnings(server: &Server) -> Vec<String> {
         .collect()
 }
 
-/// A lock value carrying a token above 2^53 - 1 (written by a pre-release build) is accepted:
-/// the counter keeps counting from it, never goes back (through RESTORE, an RDB's aux counter
-/// and value, a replica's full sync and LOCK.SYNC stream, a promotion), and each occasion logs
-/// one warning, not one per grant.
+/// With lock.legacy-tokens on, a lock value carrying a token above 2^53 - 1 (written by a
+/// pre-release build) is accepted: the counter keeps counting from it, never goes back
+/// (through RESTORE, an RDB's aux counter and value, a replica's full sync and LOCK.SYNC stream,
+/// a promotion), and each occasion logs one warning, not one per grant. (Without the setting
+/// such values are refused: see `a_restore_of_a_token_above_2_53_is_refused...`.)
 #[test]
 fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
-    let mut server = Server::start_with(&["--logfile", "lock.log"]);
+    let mut server = Server::start_with(&["--logfile", "lock.log", "--lock.legacy-tokens", "yes"]);
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "model", "old-owner", "600000"]);
     let payload = forged_legacy_dump(&mut c, "model", LEGACY);
@@ -279,7 +280,15 @@ fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
 
     // A replica gets it by full sync, then by LOCK.SYNC; promoted, it continues above.
     let port = server.port.to_string();
-    let replica = Server::start_with(&["--logfile", "lock.log", "--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&[
+        "--logfile",
+        "lock.log",
+        "--lock.legacy-tokens",
+        "yes",
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+    ]);
     let mut r = replica.client();
     wait_for_link(&mut r);
     let streamed = grant_many(&mut c, "streamed", 20);
@@ -399,7 +408,10 @@ fn with_legacy_tokens_tokens_go_on_above_restored_ones_and_the_end_refuses_new_h
     let refused = err(&mut c, &["LOCK.ACQUIRE", "k3", "a", "600000"]);
     assert!(refused.contains("fencing-token counter"), "{refused}");
     // The holder of the last token re-enters: no new token needed.
-    assert_eq!(int(&mut c, &["LOCK.ACQUIRE", "end", "old", "600000"]), end as i64);
+    assert_eq!(
+        int(&mut c, &["LOCK.ACQUIRE", "end", "old", "600000"]),
+        end as i64
+    );
     // k1's waiter gets the error when its turn comes, and leaves the queue.
     int(&mut c, &["LOCK.RELEASE", "k1", "a"]);
     let answered = waiter.join();
@@ -487,9 +499,23 @@ fn start_expecting_exit(dir: &std::path::Path, port: u16, args: &[&str]) -> (boo
 fn an_rdb_or_aof_with_a_legacy_token_is_refused_at_load_without_legacy_tokens() {
     for aof in [false, true] {
         let persistence: &[&str] = if aof {
-            &["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+            &[
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ]
         } else {
-            &["--appendonly", "no", "--save", "", "--dbfilename", "dump.rdb"]
+            &[
+                "--appendonly",
+                "no",
+                "--save",
+                "",
+                "--dbfilename",
+                "dump.rdb",
+            ]
         };
         let mut args = vec!["--lock.legacy-tokens", "yes"];
         args.extend_from_slice(persistence);

@@ -233,9 +233,21 @@ fn sequences_near_the_end_exercise_every_refusal() {
     println!("300 sequences near the end: {stats:#?}");
     for (what, n, min) in [
         ("requests refused at once", stats.refused_direct, 100),
-        ("waiters refused at the counter's end", stats.refused_exhausted, 15),
-        ("waiters refused while grants are refused", stats.refused_evictable, 30),
-        ("queued grants at the counter's end", stats.granted_at_end, 2),
+        (
+            "waiters refused at the counter's end",
+            stats.refused_exhausted,
+            15,
+        ),
+        (
+            "waiters refused while grants are refused",
+            stats.refused_evictable,
+            30,
+        ),
+        (
+            "queued grants at the counter's end",
+            stats.granted_at_end,
+            2,
+        ),
     ] {
         assert!(n >= min, "{what}: {n} (expected at least {min})");
     }

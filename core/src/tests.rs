@@ -490,7 +490,11 @@ fn waiters_whose_turn_comes_at_the_counters_end_are_refused_in_order() {
     let mut b = Bench::new();
     b.fences.observe(MAX_EXACT_TOKEN - 1);
     b.run(|l, s| l.acquire(b"w", Mode::Write, 100, None, s));
-    for (id, owner, mode) in [(1, b"o1", Mode::Write), (2, b"o2", Mode::Read), (3, b"o3", Mode::Read)] {
+    for (id, owner, mode) in [
+        (1, b"o1", Mode::Write),
+        (2, b"o2", Mode::Read),
+        (3, b"o3", Mode::Read),
+    ] {
         assert_eq!(
             b.run(|l, s| l.acquire(owner, mode, 100, Some(WaiterId(id)), s)),
             Acquired::Queued
@@ -517,18 +521,33 @@ fn a_queued_extra_permit_is_granted_at_the_counters_end_after_the_refused_waiter
     let mut b = Bench::new();
     b.fences.observe(MAX_EXACT_TOKEN - 2);
     let t1 = b.run(|l, s| l.request(permit(b"p1", 2), None, s));
-    assert_eq!(t1, Acquired::Granted { token: MAX_EXACT_TOKEN - 1, count: 1 });
+    assert_eq!(
+        t1,
+        Acquired::Granted {
+            token: MAX_EXACT_TOKEN - 1,
+            count: 1
+        }
+    );
     b.run(|l, s| l.request(permit(b"p2", 2), None, s));
     assert_eq!(b.fences.last(), MAX_EXACT_TOKEN);
     // Full: p3 (a new hold) queues, then p1 for one more permit.
-    assert_eq!(b.run(|l, s| l.request(permit(b"p3", 2), Some(WaiterId(1)), s)), Acquired::Queued);
-    assert_eq!(b.run(|l, s| l.request(permit(b"p1", 2), Some(WaiterId(2)), s)), Acquired::Queued);
+    assert_eq!(
+        b.run(|l, s| l.request(permit(b"p3", 2), Some(WaiterId(1)), s)),
+        Acquired::Queued
+    );
+    assert_eq!(
+        b.run(|l, s| l.request(permit(b"p1", 2), Some(WaiterId(2)), s)),
+        Acquired::Queued
+    );
     b.events.clear();
     b.run(|l, s| l.release(b"p2", false, s)).unwrap();
     // p3 would need a token: refused. p1's turn then comes, and its own hold grows.
     assert_eq!(refusals(&b.events), vec![(1, Refusal::TokensExhausted)]);
     assert_eq!(b.granted_ids(), vec![2]);
-    assert_eq!(b.lock.holders().get(b"p1").map(|h| (h.count, h.token)), Some((2, MAX_EXACT_TOKEN - 1)));
+    assert_eq!(
+        b.lock.holders().get(b"p1").map(|h| (h.count, h.token)),
+        Some((2, MAX_EXACT_TOKEN - 1))
+    );
     assert!(b.lock.queue().is_empty());
 }
 

@@ -7,8 +7,9 @@ use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Verdict, Wait
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
-    arg_error, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK, DEADLOCK_CYCLE,
-    KEY_VANISHED, NOT_A_LOCK, refusal_reason, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS, USER_WAITERS_FULL,
+    arg_error, refusal_reason, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK,
+    DEADLOCK_CYCLE, KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
+    USER_WAITERS_FULL,
 };
 use crate::keys::LockKey;
 use crate::sys::acl;
