@@ -32,6 +32,23 @@ pub fn refuse_when_evictable() -> bool {
     REFUSE_WHEN_EVICTABLE.load(Ordering::Relaxed)
 }
 
+/// `lock.legacy-tokens` (default no): accept stored values (RDB, AOF, `RESTORE`, replication)
+/// whose fencing tokens or counter are above 2^53 - 1, written by a pre-release build, and keep
+/// issuing tokens above them (up to 2^63 - 1). Off, such values are refused where they are
+/// loaded, and every token stays exact for clients that read integers as doubles.
+///
+/// Settable at runtime: turning it on lets an operator accept a refused `RESTORE` (MIGRATE of
+/// a key from a pre-release server) without a restart; turning it off with the counter in the
+/// legacy range never makes a token repeat or go back: new holds are then refused with an
+/// error naming this setting. Replicas must have the same value as their master.
+pub static LEGACY_TOKENS: AtomicBool = AtomicBool::new(DEFAULT_LEGACY_TOKENS);
+pub const DEFAULT_LEGACY_TOKENS: bool = false;
+
+#[inline]
+pub fn legacy_tokens() -> bool {
+    LEGACY_TOKENS.load(Ordering::Relaxed)
+}
+
 /// `lock.max-waiters-per-user`: how many clients one ACL user may have waiting on all locks
 /// together; 0 (the default) = no limit of its own, only `lock.max-total-waiters`. On a
 /// server shared by tenants (one ACL user each) it keeps one tenant from using up the
@@ -92,6 +109,7 @@ pub const LOAD_ARGS: &[(&str, ArgKind)] = &[
         },
     ),
     ("refuse-when-evictable", ArgKind::Bool),
+    ("legacy-tokens", ArgKind::Bool),
     (
         "max-waiters-per-user",
         ArgKind::Integer {

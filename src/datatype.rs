@@ -44,7 +44,7 @@ impl TypeHandler for LockType {
     type Value = LockValue;
 
     fn rdb_load(rdb: &mut RdbReader<'_>, encver: i32, db: i32, key: &[u8]) -> Option<LockValue> {
-        let value = load(rdb, encver)?;
+        let value = load(rdb, encver, db, key)?;
         // A loaded value has no timer yet: settle the key once loading is done.
         settle::mark_dirty(db, key);
         Some(value)
@@ -95,10 +95,17 @@ impl TypeHandler for LockType {
         rdb.unsigned(stats::last_token());
     }
 
-    /// A counter beyond the RESP integer range cannot come from any build: the load fails.
+    /// A counter beyond the RESP integer range cannot come from any build, and one above
+    /// 2^53 - 1 is refused without `lock.legacy-tokens`: the load fails.
     fn aux_load(rdb: &mut RdbReader<'_>) -> bool {
         match rdb.unsigned() {
             Ok(last) if last <= MAX_TOKEN => {
+                // Refused, the load still goes on to the keys (aux data comes first), so the
+                // log names the key that carries such a token; the load then fails there, or at
+                // its end if no key does (`stats::stop_if_load_refused`).
+                if !stats::accept_stored_token(last, "the RDB's module-wide fencing counter") {
+                    return true;
+                }
                 stats::observe_token(last, "the RDB's fencing counter");
                 true
             }
@@ -116,7 +123,7 @@ impl TypeHandler for LockType {
 /// Reads and checks a value (`redis_lock_core::stored`); `None` (and a log line) on anything
 /// malformed or inconsistent, which makes Redis fail the load, or `RESTORE` reply an error,
 /// instead of keeping a corrupt lock. Only an accepted value moves the fencing counter.
-fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
+fn load(rdb: &mut RdbReader<'_>, encver: i32, db: i32, key: &[u8]) -> Option<LockValue> {
     // Outside a load this is a RESTORE: MIGRATE and resharding bring values from another
     // server, whose connection ids mean nothing here (`stored::Bindings::Drop`).
     let bindings = if server_is_loading() {
@@ -126,6 +133,14 @@ fn load(rdb: &mut RdbReader<'_>, encver: i32) -> Option<LockValue> {
     };
     match stored::decode_with(rdb, encver, bindings) {
         Ok(decoded) => {
+            // The fence is at least every token of the value (`stored` checks).
+            let what = format!(
+                "lock key {:?} (db {db})",
+                String::from_utf8_lossy(key).escape_debug().to_string()
+            );
+            if !stats::accept_stored_token(decoded.max_token, &what) {
+                return None;
+            }
             // A RESTORE (not a load, which reports once when it ends) of a key with a token
             // from a pre-release build says so each time.
             stats::with_fences(|f| f.observe(decoded.max_token));

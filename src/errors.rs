@@ -3,7 +3,7 @@
 //! anything, CRLF included.
 
 use redis_lock_core::parse::ArgError;
-use redis_lock_core::Acquired;
+use redis_lock_core::{Acquired, Refusal};
 use redis_module::RedisError;
 
 pub const NOT_OWNER: &str =
@@ -21,6 +21,8 @@ pub const KEY_VANISHED: &str = "ERR the lock key vanished";
 pub const KEY_NOT_CREATED: &str = "ERR could not create the lock key";
 pub const SYNC_IS_INTERNAL: &str =
     "ERR LOCK.SYNC is internal: it is accepted only from a master or while loading the AOF";
+pub const SYNC_TOKEN_REFUSED: &str =
+    "ERR LOCK.SYNC state carries a fencing token above what this server accepts (2^53-1 without lock.legacy-tokens); the server log names the key";
 pub const SYNC_CONFLICT: &str =
     "ERR LOCK.SYNC state conflicts with the key's other holders (a writer beside another holder)";
 
@@ -52,6 +54,25 @@ pub fn refusal_text(refusal: Acquired) -> &'static str {
 
 pub const WAITER_WRONG_KIND: &str =
     "WRONGKIND the key was replaced by one of the other kind (a lock for a semaphore or the reverse) while this request waited";
+
+/// The text for a grant the core refused (a direct request, or a waiter at its turn).
+pub fn refusal_reason(reason: Refusal) -> &'static str {
+    match reason {
+        Refusal::Evictable => EVICTABLE_REFUSED,
+        Refusal::TokensExhausted
+            if redis_lock_core::MAX_EXACT_TOKEN < crate::stats::last_token() =>
+        {
+            TOKENS_EXHAUSTED_LEGACY
+        }
+        Refusal::TokensExhausted => TOKENS_EXHAUSTED,
+    }
+}
+
+pub const TOKENS_EXHAUSTED: &str =
+    "ERR the fencing-token counter is at its end (2^53-1) and never repeats a token, so no new hold can be granted (re-entries of held locks still are); see the operations guide, \"Fencing tokens\"";
+
+pub const TOKENS_EXHAUSTED_LEGACY: &str =
+    "ERR the fencing-token counter is in the legacy range above 2^53-1 and cannot issue another token (at 2^63-1, or lock.legacy-tokens is off), so no new hold can be granted; see the operations guide, \"Fencing tokens\"";
 
 pub const EVICTABLE_REFUSED: &str =
     "ERR lock.refuse-when-evictable is on and the server can evict keys (maxmemory is set and maxmemory-policy is not noeviction), so a lock could vanish: set maxmemory-policy noeviction, or turn the option off";

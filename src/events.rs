@@ -32,7 +32,10 @@ impl EventHandler for Events {
             // Loaded keys get their timers and expiry once loading is done; tokens continue
             // above the clock's floor, whatever the loaded file missed.
             // A master that loaded bound holds has none of their connections: they end.
+            // A load that refused a value (an AOF, which goes on past a failed command) stops
+            // the server here.
             ServerEvent::LoadingEnded => {
+                stats::stop_if_load_refused();
                 moving::forget_serialized();
                 stats::raise_fences_to_clock("after loading");
                 if ctx.get_flags().contains(ContextFlags::MASTER) {
@@ -58,6 +61,7 @@ impl EventHandler for Events {
                 // A replica that ignored maxmemory now applies it.
                 eviction::recheck(ctx);
             }
+            ServerEvent::LoadingFailed => stats::forget_refused_load(),
             ServerEvent::BecameReplica => eviction::recheck(ctx),
             ServerEvent::ConfigChanged { memory: true } => eviction::recheck(ctx),
             ServerEvent::ConfigChanged { memory: false } => {}

@@ -58,6 +58,14 @@ pub fn recheck(ctx: &Context) {
     }
 }
 
+/// Are grants refused now (the option on and the server able to evict)? Asked by every
+/// operation that may grant a queued waiter; one load of the option when it is off.
+#[inline]
+pub fn grants_refused() -> Option<redis_lock_core::Refusal> {
+    (config::refuse_when_evictable() && context::server_can_evict())
+        .then_some(redis_lock_core::Refusal::Evictable)
+}
+
 /// The refusal of a new hold while the option is on and the server can evict; `flags` are
 /// the command's context flags, which the lock path reads anyway, so the check costs one
 /// load of the option when it is off.

@@ -16,7 +16,7 @@ use crate::stats::Gauges;
 use crate::sys::context;
 use crate::sys::key::{KeyKind, RawKey};
 use crate::value::{LockType, LockValue, LOCK_TYPE};
-use crate::{bound, contention, replication, stats, timers, waiters};
+use crate::{bound, contention, errors, eviction, replication, stats, timers, waiters};
 use redis_lock_core::{Event, Lock, Millis, Step};
 
 /// The key's name: the command's own argument when there is one (no copy), else a new string.
@@ -115,12 +115,16 @@ impl<'a> LockKey<'a> {
     /// counter), then commits. Returns `op`'s result, or `None` if the key holds no lock.
     pub fn apply<R>(&mut self, op: impl FnOnce(&mut Lock, &mut Step<'_>) -> R) -> Option<R> {
         let now = context::now_ms();
+        // With lock.refuse-when-evictable, no grant while the server can evict: a waiter
+        // whose turn comes gets the error instead (the direct commands refuse before this).
+        let refuse = eviction::grants_refused();
         self.change(|lock, events| {
             stats::with_fences(|fences| {
                 let mut step = Step {
                     now,
                     fences,
                     events,
+                    refuse,
                 };
                 op(lock, &mut step)
             })
@@ -183,6 +187,10 @@ impl<'a> LockKey<'a> {
                     stats::count_grant();
                     self.notify(c"lock.acquire");
                     changed.push(owner);
+                }
+                // Its turn came while grants are refused: it gets the error and leaves.
+                Event::Refused { waiter, reason } => {
+                    waiters::refuse(waiter, errors::refusal_reason(reason));
                 }
                 Event::Expired { owner, .. } => {
                     stats::count_expirations(1);

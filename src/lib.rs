@@ -150,6 +150,13 @@ mod module {
                     ConfigurationFlags::DEFAULT,
                     None
                 ],
+                [
+                    "legacy-tokens",
+                    &crate::config::LEGACY_TOKENS,
+                    crate::config::DEFAULT_LEGACY_TOKENS,
+                    ConfigurationFlags::DEFAULT,
+                    None
+                ],
             ],
             enum: [],
             module_args_as_configuration: true,

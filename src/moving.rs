@@ -111,6 +111,7 @@ mod tests {
             now: 1_000,
             fences: &mut fences,
             events: &mut events,
+            refuse: None,
         };
         lock.acquire(b"h", Mode::Write, 60_000, None, &mut step);
         for id in 1..=waiters {

@@ -34,6 +34,8 @@ thread_local! {
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
     /// Holders of keys that have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
+    /// What the current load refused (`stats::refuse_load`): the first refused key's log line.
+    static REFUSED_LOAD: RefCell<Option<String>> = const { RefCell::new(None) };
     /// The module-wide source of fencing tokens (`stats`; persisted as RDB aux data).
     static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
     /// The INFO figures (`stats`).
@@ -117,10 +119,16 @@ pub fn replace_settle_scheduled(scheduled: bool) -> bool {
     SETTLE_SCHEDULED.with(|s| s.replace(scheduled))
 }
 
-/// Runs `f` with the module's fencing counter.
+pub fn with_refused_load<R>(f: impl FnOnce(&mut Option<String>) -> R) -> R {
+    REFUSED_LOAD.with(|r| f(&mut r.borrow_mut()))
+}
+
+/// Runs `f` with the module's fencing counter, its legacy setting as `lock.legacy-tokens` is
+/// now (the config is the one place that setting lives).
 pub fn with_fences<R>(f: impl FnOnce(&mut FenceCounter) -> R) -> R {
     FENCES.with(|cell| {
         let mut fences = cell.get();
+        fences.set_legacy(crate::config::legacy_tokens());
         let r = f(&mut fences);
         cell.set(fences);
         r

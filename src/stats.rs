@@ -38,6 +38,55 @@ pub fn observe_token(token: u64, from: &str) {
     }
 }
 
+/// Is a stored `token` (a holder's token, a key's fence or a saved counter) loadable? Above
+/// 2^53 - 1 only with `lock.legacy-tokens` on (data of a pre-release build), never above
+/// 2^63 - 1. When it is not, logs why, naming `what` (the key) and the way out, and, during a
+/// load, remembers it: an AOF load goes on past a command that fails, so the end of that load
+/// stops the server ([`stop_if_load_refused`]); an RDB load fails on its own.
+pub fn accept_stored_token(token: u64, what: &str) -> bool {
+    if with_fences(|f| f.accepts(token)) {
+        return true;
+    }
+    let line = format!(
+        "lock module: {what} carries fencing token {token}, above {} ({}); such a value was \
+         written by a pre-release build (or crafted) and is refused. To load it, set \
+         lock.legacy-tokens yes (a config-file line, --lock.legacy-tokens yes on the command \
+         line, or CONFIG SET at runtime): tokens then go on above it, and clients that read \
+         integers as doubles cannot tell neighbouring tokens apart",
+        if with_fences(|f| f.legacy()) {
+            "2^63-1"
+        } else {
+            "2^53-1"
+        },
+        with_fences(|f| f.end()),
+    );
+    crate::sys::context::log_warning(&line);
+    if crate::sys::context::server_is_loading() {
+        crate::state::with_refused_load(|r| {
+            r.get_or_insert(line);
+        });
+    }
+    false
+}
+
+/// At the end of a load: if it refused a value (an AOF load, which Redis does not stop when a
+/// command fails), stops the server as a failed RDB load does, so it never runs on a data set
+/// with keys left out. The log already names each refused key and the way out.
+pub fn stop_if_load_refused() {
+    if let Some(line) = crate::state::with_refused_load(Option::take) {
+        crate::sys::context::log_warning(&format!(
+            "lock module: the load refused a lock value, so the server stops rather than run \
+             without it (first refusal: {line})"
+        ));
+        crate::sys::context::exit_after_refused_load();
+    }
+}
+
+/// A failed load (the server exits, or a replica tries again) forgets what it refused.
+pub fn forget_refused_load() {
+    crate::state::with_refused_load(|r| *r = None);
+}
+
 /// The warning for tokens above 2^53 - 1: they keep counting (never backwards), but clients
 /// that read integers as doubles can no longer tell neighbouring tokens apart.
 pub fn warn_beyond_exact(occasion: &str, token: u64) {

@@ -611,3 +611,41 @@ fn a_string_evicted_under_the_name_of_an_overwritten_lock_is_not_counted() {
     config_set(&mut c, "maxmemory", "0");
     assert_eq!(info_field(&mut c, "evicted_total"), 0);
 }
+
+/// With lock.refuse-when-evictable on, a waiter queued while the server could not evict is
+/// not granted once it can (CONFIG SET maxmemory-policy allkeys-lru): when its turn comes it
+/// gets the refusal, and so does the waiter behind it, in order. (It used to be granted.)
+#[test]
+fn waiters_whose_turn_comes_while_the_server_can_evict_get_the_refusal() {
+    let server = Server::start();
+    let mut c = server.client();
+    config_set(&mut c, "lock.refuse-when-evictable", "yes");
+    int(&mut c, &["LOCK.ACQUIRE", "q", "holder", LONG]);
+    let first = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "q", "w1", LONG, "WAIT", "0"],
+        1,
+    );
+    let second = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.RWREAD", "q", "w2", LONG, "WAIT", "0"],
+        2,
+    );
+    config_set(&mut c, "maxmemory", "1gb");
+    config_set(&mut c, "maxmemory-policy", "allkeys-lru");
+    assert_eq!(info_field(&mut c, "evictable"), 1);
+    int(&mut c, &["LOCK.RELEASE", "q", "holder"]);
+    for (name, waiter) in [("w1", first), ("w2", second)] {
+        let answered = waiter.join();
+        assert!(
+            matches!(&answered, Err(e) if format!("{e:?}").contains("lock.refuse-when-evictable")),
+            "{name}: {answered:?}"
+        );
+    }
+    assert_eq!(int(&mut c, &["EXISTS", "q"]), 0, "nobody holds or waits");
+    // Back to noeviction: grants again.
+    config_set(&mut c, "maxmemory-policy", "noeviction");
+    assert!(int(&mut c, &["LOCK.ACQUIRE", "q", "w1", LONG]) > 0);
+}

@@ -236,13 +236,14 @@ fn warnings(server: &Server) -> Vec<String> {
         .collect()
 }
 
-/// A lock value carrying a token above 2^53 - 1 (written by a pre-release build) is accepted:
-/// the counter keeps counting from it, never goes back (through RESTORE, an RDB's aux counter
-/// and value, a replica's full sync and LOCK.SYNC stream, a promotion), and each occasion logs
-/// one warning, not one per grant.
+/// With lock.legacy-tokens on, a lock value carrying a token above 2^53 - 1 (written by a
+/// pre-release build) is accepted: the counter keeps counting from it, never goes back
+/// (through RESTORE, an RDB's aux counter and value, a replica's full sync and LOCK.SYNC stream,
+/// a promotion), and each occasion logs one warning, not one per grant. (Without the setting
+/// such values are refused: see `a_restore_of_a_token_above_2_53_is_refused...`.)
 #[test]
 fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
-    let mut server = Server::start_with(&["--logfile", "lock.log"]);
+    let mut server = Server::start_with(&["--logfile", "lock.log", "--lock.legacy-tokens", "yes"]);
     let mut c = server.client();
     int(&mut c, &["LOCK.ACQUIRE", "model", "old-owner", "600000"]);
     let payload = forged_legacy_dump(&mut c, "model", LEGACY);
@@ -279,7 +280,15 @@ fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
 
     // A replica gets it by full sync, then by LOCK.SYNC; promoted, it continues above.
     let port = server.port.to_string();
-    let replica = Server::start_with(&["--logfile", "lock.log", "--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&[
+        "--logfile",
+        "lock.log",
+        "--lock.legacy-tokens",
+        "yes",
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+    ]);
     let mut r = replica.client();
     wait_for_link(&mut r);
     let streamed = grant_many(&mut c, "streamed", 20);
@@ -297,4 +306,274 @@ fn a_counter_from_a_pre_release_build_keeps_counting_and_is_reported_once() {
         (1..=2).contains(&logged.len()),
         "the replica warns per occasion (full sync, promotion), not per grant: {logged:#?}"
     );
+}
+
+// ---- Never the same token twice (version 4) ----
+
+/// 2^53 - 1 as a stored (unsigned) field.
+const MAX_EXACT_U: u64 = (1 << 53) - 1;
+
+/// The DUMP of a compact lock (one holder, nothing else) with its token and fence replaced
+/// (fields: fence, holder count, owner, mode, count, expiry, token, ...), checksum resealed.
+fn with_token(original: &[u8], token: u64) -> Vec<u8> {
+    let mut d = ModuleDump::parse(original).expect("a module value payload");
+    assert!(
+        matches!((&d.fields[0], &d.fields[6]), (Field::Unsigned(a), Field::Unsigned(b)) if a == b),
+        "{:?}",
+        d.fields
+    );
+    d.fields[0] = Field::Unsigned(token);
+    d.fields[6] = Field::Unsigned(token);
+    d.payload()
+}
+
+/// A real DUMP of a compact lock held by "old" for 10 minutes.
+fn compact_dump(c: &mut Connection) -> Vec<u8> {
+    int(c, &["LOCK.ACQUIRE", "dump:src", "old", "600000"]);
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("dump:src").query(c).expect("DUMP");
+    int(c, &["DEL", "dump:src"]);
+    payload
+}
+
+fn restore_payload(c: &mut Connection, key: &str, payload: &[u8]) -> redis::RedisResult<()> {
+    redis::cmd("RESTORE").arg(key).arg(0).arg(payload).query(c)
+}
+
+fn log_of(server: &Server) -> String {
+    std::fs::read_to_string(server.dir.join("lock.log")).unwrap_or_default()
+}
+
+/// Without lock.legacy-tokens, a RESTORE whose token is above 2^53 - 1 is refused and changes
+/// nothing: the next token follows the last one. (It used to move the module-wide counter
+/// there: at 2^63 - 1 every later grant on every key returned 9223372036854775807, and at
+/// 2^53 + 10 every later token was inexact, both for good.)
+#[test]
+fn a_restore_of_a_token_above_2_53_is_refused_and_the_counter_is_unchanged() {
+    let server = Server::start_with(&["--logfile", "lock.log"]);
+    let mut c = server.client();
+    let payload = compact_dump(&mut c);
+    for token in [u64::MAX >> 1, MAX_EXACT_U + 11] {
+        let before = int(&mut c, &["LOCK.ACQUIRE", "probe", "a", "600000"]);
+        int(&mut c, &["LOCK.RELEASE", "probe", "a"]);
+        let restored = restore_payload(&mut c, "forged", &with_token(&payload, token));
+        let after = int(&mut c, &["LOCK.ACQUIRE", "probe", "b", "600000"]);
+        int(&mut c, &["LOCK.RELEASE", "probe", "b"]);
+        assert!(
+            restored.is_err() && after == before + 1,
+            "token {token}: RESTORE {restored:?}, tokens {before} then {after}"
+        );
+        assert_eq!(int(&mut c, &["EXISTS", "forged"]), 0);
+    }
+    // The exact range's last token is accepted (then the counter is at its end).
+    let log = log_of(&server);
+    assert!(
+        log.contains("lock.legacy-tokens yes") && log.contains("lock key \"forged\""),
+        "the log names the key and the way out:\n{log}"
+    );
+}
+
+/// With lock.legacy-tokens on, a restored token above 2^53 - 1 is accepted and later tokens
+/// go on above it; a counter at 2^63 - 1 then refuses every new hold with an error naming the
+/// cause (re-entries still work), never handing out the same token twice, and that survives
+/// deleting the key and a restart from the RDB.
+#[test]
+fn with_legacy_tokens_tokens_go_on_above_restored_ones_and_the_end_refuses_new_holds() {
+    let mut server = Server::start_with(&[
+        "--lock.legacy-tokens",
+        "yes",
+        "--save",
+        "",
+        "--dbfilename",
+        "dump.rdb",
+    ]);
+    let mut c = server.client();
+    let payload = compact_dump(&mut c);
+    restore_payload(&mut c, "legacy", &with_token(&payload, MAX_EXACT_U + 10)).expect("accepted");
+    let t1 = int(&mut c, &["LOCK.ACQUIRE", "k1", "a", "600000"]);
+    let t2 = int(&mut c, &["LOCK.ACQUIRE", "k2", "a", "600000"]);
+    assert!(
+        t1 as u64 > MAX_EXACT_U + 10 && t2 > t1,
+        "tokens {t1}, {t2} after a restored {}",
+        MAX_EXACT_U + 10
+    );
+    // A waiter on k1 whose turn comes once the counter is at its end.
+    let waiter = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.ACQUIRE", "k1", "w", "600000", "WAIT", "0"],
+        1,
+    );
+    let end = u64::MAX >> 1;
+    restore_payload(&mut c, "end", &with_token(&payload, end)).expect("accepted");
+    let refused = err(&mut c, &["LOCK.ACQUIRE", "k3", "a", "600000"]);
+    assert!(refused.contains("fencing-token counter"), "{refused}");
+    // The holder of the last token re-enters: no new token needed.
+    assert_eq!(
+        int(&mut c, &["LOCK.ACQUIRE", "end", "old", "600000"]),
+        end as i64
+    );
+    // k1's waiter gets the error when its turn comes, and leaves the queue.
+    int(&mut c, &["LOCK.RELEASE", "k1", "a"]);
+    let answered = waiter.join();
+    assert!(
+        matches!(&answered, Err(e) if format!("{e:?}").contains("fencing-token counter")),
+        "{answered:?}"
+    );
+    assert_eq!(int(&mut c, &["EXISTS", "k1"]), 0);
+    // Deleting the key that carried the end changes nothing; nor does a restart from the RDB.
+    int(&mut c, &["DEL", "end", "legacy"]);
+    assert!(err(&mut c, &["LOCK.ACQUIRE", "k3", "a", "600000"]).contains("fencing-token counter"));
+    assert_eq!(query(&mut c, &["SAVE"]).unwrap(), Value::Okay);
+    server.crash_and_restart();
+    let mut c = server.client();
+    for key in ["k3", "k4"] {
+        let again = query(&mut c, &["LOCK.ACQUIRE", key, "a", "600000"]);
+        assert!(
+            matches!(&again, Err(e) if format!("{e:?}").contains("fencing-token counter")),
+            "after the restart: {again:?}"
+        );
+    }
+}
+
+/// A semaphore at the counter's end: the waiter that would need a new token is refused when
+/// its turn comes, and the one behind it, an owner asking one more permit (no new token), is
+/// then granted, in order.
+#[test]
+fn at_the_counters_end_a_refused_waiter_leaves_and_the_one_behind_it_is_served() {
+    let server = Server::start_with(&["--lock.legacy-tokens", "yes"]);
+    let mut c = server.client();
+    let payload = compact_dump(&mut c);
+    let p1 = int(&mut c, &["LOCK.SEMACQUIRE", "sem", "p1", "2", "600000"]);
+    int(&mut c, &["LOCK.SEMACQUIRE", "sem", "p2", "2", "600000"]);
+    let p3 = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.SEMACQUIRE", "sem", "p3", "2", "600000", "WAIT", "0"],
+        1,
+    );
+    let p1_again = spawn_waiter(
+        &server,
+        &mut c,
+        &["LOCK.SEMACQUIRE", "sem", "p1", "2", "600000", "WAIT", "0"],
+        2,
+    );
+    restore_payload(&mut c, "end", &with_token(&payload, u64::MAX >> 1)).expect("accepted");
+    int(&mut c, &["LOCK.RELEASE", "sem", "p2"]);
+    let refused = p3.join();
+    assert!(
+        matches!(&refused, Err(e) if format!("{e:?}").contains("fencing-token counter")),
+        "{refused:?}"
+    );
+    assert_eq!(p1_again.token(), p1, "p1's second permit keeps its token");
+    assert_eq!(holders(&mut c, "sem"), vec![("p1".to_string(), 2)]);
+    assert_eq!(waiting(&mut c, "sem"), 0);
+}
+
+/// Starts the server binary on `dir` with `args` and the module; returns whether it exited
+/// (within the patience) and its log.
+fn start_expecting_exit(dir: &std::path::Path, port: u16, args: &[&str]) -> (bool, String) {
+    let mut child = std::process::Command::new(server_binary())
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .args(["--logfile", "lock.log", "--loadmodule"])
+        .arg(module_path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the server");
+    let exited = poll_within(PATIENCE, || matches!(child.try_wait(), Ok(Some(_)))).is_ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("lock.log")).unwrap_or_default();
+    (exited, log)
+}
+
+/// A data set written with lock.legacy-tokens on (a key restored with a token above 2^53 - 1)
+/// is refused at load without it: from the RDB (the load fails, the log names the key and the
+/// way out) and from the AOF (Redis goes on past a failed command, so the module stops the
+/// server when the load ends). With the setting on, the same files load and tokens go on
+/// above the stored ones.
+#[test]
+fn an_rdb_or_aof_with_a_legacy_token_is_refused_at_load_without_legacy_tokens() {
+    for aof in [false, true] {
+        let persistence: &[&str] = if aof {
+            &[
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ]
+        } else {
+            &[
+                "--appendonly",
+                "no",
+                "--save",
+                "",
+                "--dbfilename",
+                "dump.rdb",
+            ]
+        };
+        let mut args = vec!["--lock.legacy-tokens", "yes"];
+        args.extend_from_slice(persistence);
+        let server = Server::start_with(&args);
+        let mut c = server.client();
+        let payload = compact_dump(&mut c);
+        let stored = MAX_EXACT_U + 1000;
+        restore_payload(&mut c, "old:key", &with_token(&payload, stored)).expect("accepted");
+        let granted = int(&mut c, &["LOCK.ACQUIRE", "other", "a", "600000"]);
+        if !aof {
+            assert_eq!(query(&mut c, &["SAVE"]).unwrap(), Value::Okay);
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "redis-lock-legacy-load-{}-{}-{aof}",
+            std::process::id(),
+            server.port
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        drop(c);
+        let port = server.port;
+        let from = server.dir.clone();
+        // Copy the data set (the RDB, or the AOF directory) while the server still runs.
+        let status = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(if aof {
+                from.join("appendonlydir")
+            } else {
+                from.join("dump.rdb")
+            })
+            .arg(&dir)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+        drop(server);
+        let (exited, log) = start_expecting_exit(&dir, port, persistence);
+        assert!(
+            exited,
+            "aof {aof}: the server started on a legacy token without lock.legacy-tokens; log:\n{log}"
+        );
+        assert!(
+            (log.contains("lock key \"old:key\"") || log.contains("lock key \"other\""))
+                && log.contains("lock.legacy-tokens yes"),
+            "aof {aof}: the log names the key and the way out:\n{log}"
+        );
+        // With the setting on, it loads and goes on above.
+        let mut on = vec!["--lock.legacy-tokens", "yes"];
+        on.extend_from_slice(persistence);
+        let server = ServerBuilder::new()
+            .args(&on)
+            .args(["--dir", dir.to_str().unwrap()])
+            .start()
+            .unwrap_or_else(|e| panic!("aof {aof}: {e}"));
+        let mut c = server.client();
+        assert_eq!(holders(&mut c, "old:key"), vec![("old".to_string(), 1)]);
+        let next = int(&mut c, &["LOCK.ACQUIRE", "next", "a", "600000"]);
+        assert!(next > granted, "aof {aof}: {next} after {granted}");
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

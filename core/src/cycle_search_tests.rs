@@ -34,6 +34,7 @@ impl Keys {
             now: 1_000,
             fences: &mut self.fences,
             events: &mut events,
+            refuse: None,
         };
         let req = Request {
             owner: owner.as_bytes(),

@@ -37,6 +37,7 @@ impl System {
             now: self.now,
             fences: &mut self.fences,
             events: &mut events,
+            refuse: None,
         };
         f(&mut self.locks[key], &mut step)
     }

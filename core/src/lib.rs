@@ -121,16 +121,49 @@ pub struct WaiterId(pub u64);
 /// The module-wide source of fencing tokens. One counter serves every key, so a token is
 /// larger than every token issued before it on this instance, for any key; that survives
 /// deleting a key without keeping anything per deleted key.
+///
+/// It never issues a value twice: at its end ([`FenceCounter::end`]) it issues nothing, and
+/// every grant that needs a new token is refused ([`Refusal::TokensExhausted`]) instead of
+/// repeating, wrapping or saturating.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FenceCounter {
     last: u64,
+    /// The legacy-tokens setting: tokens may go above [`MAX_EXACT_TOKEN`] (data written by a
+    /// pre-release build), up to [`MAX_TOKEN`].
+    legacy: bool,
 }
 
 /// Tokens are replied as RESP integers (signed 64-bit), so nothing above this is ever
-/// accepted or issued; the counter saturates here rather than wrapping. Only a counter carried
-/// over from a pre-release build (whose floor was `unix_ms << 20`, about 2^60.7) can get above
-/// [`MAX_EXACT_TOKEN`], and it then keeps counting from where it is.
+/// accepted or issued, even with the legacy-tokens setting on. Only data written by a
+/// pre-release build (whose floor was `unix_ms << 20`, about 2^60.7; see [`legacy_floor`])
+/// holds tokens above [`MAX_EXACT_TOKEN`].
 pub const MAX_TOKEN: u64 = i64::MAX as u64;
+
+/// How many tokens one millisecond of wall-clock time was worth in pre-release builds, as a
+/// power of two: their floor at Unix time `t` ms was `t << LEGACY_FLOOR_SHIFT`.
+pub const LEGACY_FLOOR_SHIFT: u32 = 20;
+
+/// The pre-release builds' wall-clock floor at Unix time `now_us` (µs): `unix_ms << 20`, about
+/// 2^60.7 in 2026, reaching [`MAX_TOKEN`] in the year 2248. A counter in the legacy range
+/// (above [`MAX_EXACT_TOKEN`], legacy setting on) jumps to it when the server starts or is
+/// promoted, as those builds did, so it never goes below what a pre-release build or an
+/// earlier incarnation issued in that range.
+pub fn legacy_floor(now_us: Micros) -> u64 {
+    (now_us / 1000)
+        .checked_mul(1 << LEGACY_FLOOR_SHIFT)
+        .map_or(MAX_TOKEN, |f| f.min(MAX_TOKEN))
+}
+
+/// Why a grant that the rules would make is refused instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// The fencing counter is at its end: a new hold would need a token it cannot issue. Only
+    /// grants of a new hold are refused; a re-entry (or an extra permit) keeps its token.
+    TokensExhausted,
+    /// The server may evict lock keys and the module refuses holds then: every grant is
+    /// refused, re-entries included, as the direct commands are.
+    Evictable,
+}
 
 /// The largest token every client can compare exactly: 2^53 - 1, the largest integer a double
 /// (a Lua number in `EVAL`, a JavaScript `Number`, a JSON number) holds without rounding. The
@@ -153,7 +186,10 @@ pub fn token_floor(now_us: Micros) -> u64 {
 impl FenceCounter {
     /// A counter that has issued nothing yet (usable in `const` contexts).
     pub const fn new_const() -> Self {
-        FenceCounter { last: 0 }
+        FenceCounter {
+            last: 0,
+            legacy: false,
+        }
     }
 
     /// The last token issued (0 before the first).
@@ -161,10 +197,47 @@ impl FenceCounter {
         self.last
     }
 
-    /// Issues the next token.
-    pub fn issue(&mut self) -> u64 {
-        self.last = self.last.saturating_add(1).min(MAX_TOKEN);
-        self.last
+    /// Sets the legacy-tokens setting (tokens above [`MAX_EXACT_TOKEN`] accepted and issued).
+    pub fn set_legacy(&mut self, legacy: bool) {
+        self.legacy = legacy;
+    }
+
+    pub fn legacy(&self) -> bool {
+        self.legacy
+    }
+
+    /// The largest token this counter may hold and issue: [`MAX_EXACT_TOKEN`], or
+    /// [`MAX_TOKEN`] with the legacy setting on.
+    pub fn end(&self) -> u64 {
+        if self.legacy {
+            MAX_TOKEN
+        } else {
+            MAX_EXACT_TOKEN
+        }
+    }
+
+    /// May a stored or replicated token, fence or counter of `token` be loaded? Above
+    /// [`FenceCounter::end`] it is refused where it is loaded: believing it would leave the
+    /// counter where it cannot issue (or, for data of a pre-release build without the legacy
+    /// setting, above what clients compare exactly).
+    pub fn accepts(&self, token: u64) -> bool {
+        token <= self.end()
+    }
+
+    /// Issues the next token; `None` when the counter is at its end (or above it: the legacy
+    /// setting was turned off with the counter in the legacy range). Never the same value
+    /// twice.
+    pub fn issue(&mut self) -> Option<u64> {
+        if self.last >= self.end() {
+            return None;
+        }
+        self.last += 1;
+        Some(self.last)
+    }
+
+    /// Can the counter issue another token?
+    pub fn exhausted(&self) -> bool {
+        self.last >= self.end()
     }
 
     /// Makes sure later tokens are above `token` (one issued elsewhere, e.g. by a master).
@@ -183,15 +256,23 @@ impl FenceCounter {
 
     /// Jumps to the wall-clock floor of `now_us` (never back): called when an instance starts
     /// or is promoted, so its tokens are above everything an earlier incarnation or a previous
-    /// master issued, saved or not (see [`token_floor`]).
+    /// master issued, saved or not (see [`token_floor`]). A counter in the legacy range (with
+    /// the legacy setting on) jumps to the pre-release floor instead ([`legacy_floor`]): in that
+    /// range the µs floor is far below what was issued.
     pub fn raise_to_floor(&mut self, now_us: Micros) {
         let _ = self.observe(token_floor(now_us));
+        if self.legacy && self.beyond_exact() {
+            let _ = self.observe(legacy_floor(now_us));
+        }
     }
 }
 
 /// Something that happened to a lock besides the direct answer to the operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// A queued waiter's turn came but its grant was refused (see [`Refusal`]): it has left
+    /// the queue and must get the error; the waiters behind it were considered in turn.
+    Refused { waiter: WaiterId, reason: Refusal },
     /// A queued waiter was granted the lock. `count` is its hold count after the grant
     /// (greater than 1 when the owner already held the lock).
     Granted {
@@ -224,11 +305,15 @@ pub enum Event {
     HoldEnded { held_ms: Millis },
 }
 
-/// The context of one operation: the time, the fencing counter, and where events go.
+/// The context of one operation: the time, the fencing counter, where events go, and
+/// whether the server refuses every grant now (and why).
 pub struct Step<'a> {
     pub now: Millis,
     pub fences: &'a mut FenceCounter,
     pub events: &'a mut Vec<Event>,
+    /// `Some` while no grant may be made (re-entries included): a direct request answers
+    /// [`Acquired::Refused`], a waiter whose turn comes gets [`Event::Refused`].
+    pub refuse: Option<Refusal>,
 }
 
 /// The answer to an acquire request.
@@ -244,6 +329,9 @@ pub enum Acquired {
     Deadlock,
     /// The owner's hold count is at its maximum (2^64 - 1).
     CountOverflow,
+    /// Grantable, but grants are refused: no new token can be issued, or the step refuses
+    /// every grant ([`Step::refuse`]).
+    Refused(Refusal),
     /// A semaphore request on a lock key, or a lock request on a semaphore key.
     WrongKind,
     /// A semaphore request naming another capacity than the key's.
@@ -495,6 +583,10 @@ impl Lock {
             let Some(count) = held.count.checked_add(1).filter(|c| *c <= MAX_COUNT) else {
                 return Acquired::CountOverflow;
             };
+            // A re-entry needs no token: only a refusal of every grant stops it.
+            if let Some(reason) = step.refuse {
+                return Acquired::Refused(reason);
+            }
             let token = held.token;
             let expires_at = step.now.saturating_add(ttl);
             self.holders.update(owner, count, expires_at);
@@ -504,7 +596,10 @@ impl Lock {
             return Acquired::Granted { token, count };
         }
         if self.queue.is_empty() && self.compatible(mode) {
-            let token = self.grant_new(owner, mode, ttl, options, 0, step);
+            let token = match self.grant_new(owner, mode, ttl, options, 0, step) {
+                Ok(token) => token,
+                Err(reason) => return Acquired::Refused(reason),
+            };
             step.events.push(Event::Updated {
                 owner: owner.into(),
             });
@@ -531,12 +626,16 @@ impl Lock {
                 let Some(count) = held.count.checked_add(1).filter(|c| *c <= MAX_COUNT) else {
                     return Acquired::CountOverflow;
                 };
+                // One more permit of the owner's hold needs no token.
+                if let Some(reason) = step.refuse {
+                    return Acquired::Refused(reason);
+                }
                 let token = held.token;
                 self.holders.update(req.owner, count, expires_at);
                 (token, count)
             }
             None => {
-                let token = self.grant_new(
+                let granted = self.grant_new(
                     req.owner,
                     Mode::Permit,
                     req.ttl,
@@ -544,7 +643,10 @@ impl Lock {
                     req.capacity,
                     step,
                 );
-                (token, 1)
+                match granted {
+                    Ok(token) => (token, 1),
+                    Err(reason) => return Acquired::Refused(reason),
+                }
             }
         };
         step.events.push(Event::Updated {
@@ -850,27 +952,36 @@ impl Lock {
             let Some((id, waiter)) = self.queue.pop_head() else {
                 break;
             };
-            let (token, count) = match self.holders.get(&waiter.owner) {
-                Some(h) => {
+            // Its turn has come: a refused grant answers it with the error (it has left the
+            // queue), and the loop goes on with the waiters behind it.
+            let granted = match (self.holders.get(&waiter.owner), step.refuse) {
+                (Some(_), Some(reason)) => Err(reason),
+                (Some(h), None) => {
                     // Saturates at the largest storable count (reachable only from a restored
                     // value at that count: a queued grant cannot be refused here).
                     let count = h.count.saturating_add(1).min(MAX_COUNT);
                     let token = h.token;
                     let expires_at = step.now.saturating_add(waiter.ttl);
                     self.holders.update(&waiter.owner, count, expires_at);
-                    (token, count)
+                    Ok((token, count))
                 }
-                None => (
-                    self.grant_new(
+                (None, _) => self
+                    .grant_new(
                         &waiter.owner,
                         waiter.mode,
                         waiter.ttl,
                         waiter.options,
                         waiter.capacity,
                         step,
-                    ),
-                    1,
-                ),
+                    )
+                    .map(|token| (token, 1)),
+            };
+            let (token, count) = match granted {
+                Ok(granted) => granted,
+                Err(reason) => {
+                    step.events.push(Event::Refused { waiter: id, reason });
+                    continue;
+                }
             };
             let expires_at = self
                 .holders
@@ -889,6 +1000,8 @@ impl Lock {
 
     /// Adds `owner` as a new holder with a fresh token. LOCKDELAY is kept for exclusive
     /// holds only (parsing refuses it on shared requests; a shared hold has no use for it).
+    /// Refused (nothing changes) when the step refuses every grant or the counter cannot
+    /// issue another token.
     fn grant_new(
         &mut self,
         owner: &[u8],
@@ -897,8 +1010,11 @@ impl Lock {
         mut options: HoldOptions,
         capacity: u32,
         step: &mut Step<'_>,
-    ) -> u64 {
-        let token = step.fences.issue();
+    ) -> Result<u64, Refusal> {
+        if let Some(reason) = step.refuse {
+            return Err(reason);
+        }
+        let token = step.fences.issue().ok_or(Refusal::TokensExhausted)?;
         self.fence = token;
         if mode != Mode::Write {
             options.lock_delay = 0;
@@ -915,6 +1031,6 @@ impl Lock {
                 options: PackedOptions::new(options),
             },
         );
-        token
+        Ok(token)
     }
 }

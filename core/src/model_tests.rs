@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
-use super::reference::{decode, run, run_with_stats, Op, Stats, CONNS, OWNERS};
+use super::reference::{decode, run, run_from, run_with_stats, Op, Stats, CONNS, OWNERS};
 use super::*;
 
 /// One operation; `locks` and `permits` weigh the two kinds of request.
@@ -187,4 +187,68 @@ fn decoder_reaches_every_op_and_option() {
     )));
     assert!(has(&|o| matches!(o, Op::Permit { lock_delay: 20, .. })));
     assert!(has(&|o| matches!(o, Op::Permit { lock_delay: 0, .. })));
+}
+
+/// Sequences with grants refused now and then (as while the server can evict, with the
+/// refusal option on), run from a fencing counter a few tokens from its end.
+fn ops_near_the_end() -> impl Strategy<Value = (Vec<Op>, u64)> {
+    let with_refusals = prop::collection::vec(
+        prop_oneof![
+            6 => op(3, 2),
+            6 => op(1, 6),
+            1 => any::<bool>().prop_map(|on| Op::Refuse { on }),
+        ],
+        1..80,
+    );
+    (with_refusals, 0..6u64).prop_map(|(ops, left)| (ops, MAX_EXACT_TOKEN - left))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lock_matches_reference_model_at_the_counters_end_and_with_grants_refused(
+        (ops, start) in ops_near_the_end()
+    ) {
+        if let Err(e) = run_from(&ops, start, &mut Stats::default()) {
+            prop_assert!(false, "{e}");
+        }
+    }
+}
+
+/// The sequences near the counter's end reach every kind of refusal, and grants that need no
+/// token still happen there.
+#[test]
+fn sequences_near_the_end_exercise_every_refusal() {
+    let mut runner = TestRunner::deterministic();
+    let strategy = ops_near_the_end();
+    let mut stats = Stats::default();
+    for _ in 0..300 {
+        let (ops, start) = strategy
+            .new_tree(&mut runner)
+            .expect("a sequence")
+            .current();
+        run_from(&ops, start, &mut stats).expect("a clean run");
+    }
+    println!("300 sequences near the end: {stats:#?}");
+    for (what, n, min) in [
+        ("requests refused at once", stats.refused_direct, 100),
+        (
+            "waiters refused at the counter's end",
+            stats.refused_exhausted,
+            15,
+        ),
+        (
+            "waiters refused while grants are refused",
+            stats.refused_evictable,
+            30,
+        ),
+        (
+            "queued grants at the counter's end",
+            stats.granted_at_end,
+            2,
+        ),
+    ] {
+        assert!(n >= min, "{what}: {n} (expected at least {min})");
+    }
 }

@@ -82,6 +82,11 @@ pub enum Op {
     Disconnect {
         conn: u64,
     },
+    /// From now on every grant is refused (`on`), as while the server can evict lock keys
+    /// with `lock.refuse-when-evictable`, or grants are allowed again.
+    Refuse {
+        on: bool,
+    },
     /// LOCK.SEMACQUIRE: one permit of a semaphore of `capacity` (the key's, or on purpose
     /// another).
     Permit {
@@ -124,6 +129,15 @@ pub struct Stats {
     pub full: u64,
     /// Permit holders that expired or were disconnected.
     pub permit_holds_ended: u64,
+    /// Requests refused at once because grants were refused (either reason).
+    pub refused_direct: u64,
+    /// Waiters refused when their turn came, because the counter was at its end.
+    pub refused_exhausted: u64,
+    /// Waiters refused when their turn came, because every grant was refused.
+    pub refused_evictable: u64,
+    /// Waiters granted from the queue while the counter was at its end (a re-entry or an
+    /// extra permit, which needs no token).
+    pub granted_at_end: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -176,6 +190,10 @@ enum MEvent {
         until: Millis,
     },
     DelayEnded,
+    Refused {
+        id: u64,
+        reason: Refusal,
+    },
 }
 
 /// The reference: the rules of SPEC.md written as plainly as possible.
@@ -191,6 +209,10 @@ struct Model {
     delay_until: Millis,
     /// Everything reported since the driver last looked, in order.
     events: Vec<MEvent>,
+    /// Every grant is refused ([`Op::Refuse`]).
+    refusing: bool,
+    /// The last token the counter may issue.
+    end: u64,
 }
 
 impl Default for Model {
@@ -202,6 +224,8 @@ impl Default for Model {
             last_token: 0,
             delay_until: 0,
             events: Vec::new(),
+            refusing: false,
+            end: MAX_EXACT_TOKEN,
         }
     }
 }
@@ -253,17 +277,22 @@ impl Model {
     }
 
     /// Grants `w` now: one more count (permit) for an owner that holds, with its expiry reset
-    /// and its token kept; else a new hold. Returns the token and the count.
-    fn grant(&mut self, w: &MWaiter, now: Millis) -> (u64, u64) {
+    /// and its token kept; else a new hold. Returns the token and the count. Refused when
+    /// every grant is, or when a new hold would need a token past the counter's end.
+    fn grant(&mut self, w: &MWaiter, now: Millis) -> Result<(u64, u64), Refusal> {
+        if self.refusing {
+            return Err(Refusal::Evictable);
+        }
         match self.holding(w.owner) {
             // A re-entry or an extra permit: the hold keeps the options it was created with.
             Some(i) => {
                 let h = &mut self.holders[i];
                 h.count += 1;
                 h.expires_at = now + w.ttl;
-                (h.token, h.count)
+                Ok((h.token, h.count))
             }
-            None => (self.new_hold(w, now), 1),
+            None if self.last_token >= self.end => Err(Refusal::TokensExhausted),
+            None => Ok((self.new_hold(w, now), 1)),
         }
     }
 
@@ -293,15 +322,17 @@ impl Model {
     fn serve(&mut self, now: Millis) {
         while self.head_grantable() {
             let w = self.queue.remove(0);
-            let (token, count) = self.grant(&w, now);
-            self.events.push(MEvent::Granted {
-                id: w.id,
-                owner: w.owner,
-                mode: w.mode,
-                token,
-                count,
-                expires_at: now + w.ttl,
-            });
+            match self.grant(&w, now) {
+                Ok((token, count)) => self.events.push(MEvent::Granted {
+                    id: w.id,
+                    owner: w.owner,
+                    mode: w.mode,
+                    token,
+                    count,
+                    expires_at: now + w.ttl,
+                }),
+                Err(reason) => self.events.push(MEvent::Refused { id: w.id, reason }),
+            }
         }
     }
 
@@ -353,6 +384,10 @@ impl Model {
             if h.mode == Mode::Read && w.mode == Mode::Write {
                 return Acquired::Deadlock;
             }
+            if self.refusing {
+                return Acquired::Refused(Refusal::Evictable);
+            }
+            let h = &mut self.holders[i];
             h.count += 1;
             h.expires_at = now + w.ttl;
             return Acquired::Granted {
@@ -363,8 +398,13 @@ impl Model {
         let fits = self.delay_until == 0
             && (self.holders.is_empty() || (w.mode == Mode::Read && self.all_read()));
         if self.queue.is_empty() && fits {
-            let token = self.new_hold(&w, now);
-            return Acquired::Granted { token, count: 1 };
+            return match self.grant(&w, now) {
+                Ok((token, count)) => Acquired::Granted { token, count },
+                Err(reason) => {
+                    self.forget_if_gone();
+                    Acquired::Refused(reason)
+                }
+            };
         }
         if wait {
             self.queue.push(w);
@@ -386,8 +426,13 @@ impl Model {
             Kind::Semaphore(_) | Kind::Fresh => self.kind = Kind::Semaphore(w.capacity),
         }
         if self.queue.is_empty() && self.permits_held() < u64::from(w.capacity) {
-            let (token, count) = self.grant(&w, now);
-            return Acquired::Granted { token, count };
+            return match self.grant(&w, now) {
+                Ok((token, count)) => Acquired::Granted { token, count },
+                Err(reason) => {
+                    self.forget_if_gone();
+                    Acquired::Refused(reason)
+                }
+            };
         }
         if wait {
             self.queue.push(w);
@@ -645,9 +690,21 @@ pub fn run(ops: &[Op]) -> Result<(), String> {
 
 /// [`run`], adding what the run exercised to `stats`.
 pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
+    run_from(ops, 0, stats)
+}
+
+/// [`run_with_stats`] with a fencing counter that has already issued `start` (close to its
+/// end, so that runs reach it).
+pub fn run_from(ops: &[Op], start: u64, stats: &mut Stats) -> Result<(), String> {
     let mut lock = Lock::new();
     let mut fences = FenceCounter::default();
-    let mut model = Model::default();
+    let _ = fences.observe(start);
+    let mut model = Model {
+        last_token: start,
+        end: fences.end(),
+        ..Model::default()
+    };
+    let mut refused_ids = HashSet::new();
     let mut now: Millis = 100;
     let mut next_id = 1u64;
     let mut max_token = 0u64;
@@ -671,6 +728,7 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
             now,
             fences: &mut fences,
             events: &mut events,
+            refuse: model.refusing.then_some(Refusal::Evictable),
         };
         stats.ops += 1;
         // A grant in reply: the owner, token, count and the options a new hold must have.
@@ -723,6 +781,7 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
                         }
                     }
                     Acquired::WrongKind => stats.locks_on_semaphores += 1,
+                    Acquired::Refused(_) => stats.refused_direct += 1,
                     _ => {}
                 }
             }
@@ -780,6 +839,7 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
                     Acquired::Busy => stats.permits_busy += 1,
                     Acquired::WrongKind => stats.permits_on_locks += 1,
                     Acquired::CapacityMismatch => stats.capacity_mismatch += 1,
+                    Acquired::Refused(_) => stats.refused_direct += 1,
                     Acquired::Deadlock | Acquired::CountOverflow => {}
                 }
             }
@@ -818,7 +878,9 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
                 let got = lock.end_bound(|c| c == conn, &mut step);
                 ensure_eq!(got, model.disconnect(conn, now), "op {n}: {op:?}");
             }
+            Op::Refuse { on } => model.refusing = on,
         }
+        let exhausted = fences.exhausted();
 
         // Walk the events in order, following the lock-delay they report: no grant while it
         // is pending, no end before its time, and it ends up where the lock says.
@@ -844,6 +906,10 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
                     last_granted_id = waiter.0;
                     ensure!(granted_ids.insert(waiter.0), "waiter granted twice");
                     ensure!(!cancelled.contains(&waiter.0), "cancelled waiter granted");
+                    ensure!(!refused_ids.contains(&waiter.0), "refused waiter granted");
+                    if exhausted && *count > 1 {
+                        stats.granted_at_end += 1;
+                    }
                     let o = owner[1] - b'0';
                     if *count == 1 {
                         ensure!(*token > max_token, "token did not increase");
@@ -917,6 +983,31 @@ pub fn run_with_stats(ops: &[Op], stats: &mut Stats) -> Result<(), String> {
                     );
                     pending = 0;
                     reported.push(MEvent::DelayEnded);
+                }
+                Event::Refused { waiter, reason } => {
+                    ensure!(
+                        waiter.0 > last_granted_id,
+                        "op {n}: waiter {} refused out of queue order",
+                        waiter.0
+                    );
+                    last_granted_id = waiter.0;
+                    ensure!(
+                        refused_ids.insert(waiter.0) && !granted_ids.contains(&waiter.0),
+                        "op {n}: waiter {} answered twice",
+                        waiter.0
+                    );
+                    ensure!(!cancelled.contains(&waiter.0), "cancelled waiter refused");
+                    match reason {
+                        Refusal::TokensExhausted => {
+                            ensure!(exhausted, "op {n}: refused for a counter not at its end");
+                            stats.refused_exhausted += 1;
+                        }
+                        Refusal::Evictable => stats.refused_evictable += 1,
+                    }
+                    reported.push(MEvent::Refused {
+                        id: waiter.0,
+                        reason: *reason,
+                    });
                 }
                 Event::Updated { .. } | Event::BoundEnded { .. } | Event::HoldEnded { .. } => {}
             }

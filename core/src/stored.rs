@@ -377,6 +377,7 @@ mod tests {
             now: 1000,
             fences: &mut fences,
             events: &mut events,
+            refuse: None,
         };
         for owner in [&b"a"[..], b"b", b"c"] {
             let req = Request {
@@ -434,6 +435,7 @@ mod tests {
             now,
             fences: &mut fences,
             events: &mut events,
+            refuse: None,
         };
         lock.request(req, None, &mut step);
         decode_bytes(&encoded(&lock), ENCODING_VERSION).unwrap();
@@ -441,6 +443,7 @@ mod tests {
             now: now + MAX_DURATION,
             fences: &mut fences,
             events: &mut events,
+            refuse: None,
         };
         lock.settle(&mut step);
         assert_eq!(lock.delay_until(), now + 2 * MAX_DURATION);

@@ -299,6 +299,7 @@ mod tests {
             now: 1_000,
             fences: &mut fences,
             events: &mut events,
+            refuse: None,
         };
         lock.acquire(b"me", Mode::Read, 500, None, &mut step);
         let h = lock.holders().get(b"me").cloned().unwrap();

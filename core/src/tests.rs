@@ -25,6 +25,7 @@ impl Bench {
             now: self.now,
             fences: &mut self.fences,
             events: &mut self.events,
+            refuse: None,
         };
         f(&mut self.lock, &mut step)
     }
@@ -385,13 +386,227 @@ fn requeued_waiters_keep_their_order_and_are_served() {
 }
 
 #[test]
-fn fence_counter_saturates_instead_of_wrapping() {
+fn fence_counter_at_its_end_issues_nothing_rather_than_saturating() {
+    // Without the legacy setting the end is 2^53 - 1.
     let mut f = FenceCounter::default();
+    f.observe(MAX_EXACT_TOKEN - 1);
+    assert_eq!(f.issue(), Some(MAX_EXACT_TOKEN));
+    assert!(f.exhausted());
+    assert_eq!(f.issue(), None);
+    assert_eq!(f.issue(), None);
+    assert_eq!(f.last(), MAX_EXACT_TOKEN);
+    assert!(f.accepts(MAX_EXACT_TOKEN));
+    assert!(!f.accepts(MAX_EXACT_TOKEN + 1));
+    // With it, 2^63 - 1; an observed larger value never gets past it.
+    let mut f = FenceCounter::default();
+    f.set_legacy(true);
+    assert_eq!(f.end(), MAX_TOKEN);
     f.observe(u64::MAX);
     assert_eq!(f.last(), MAX_TOKEN);
-    assert_eq!(f.issue(), MAX_TOKEN);
+    assert_eq!(f.issue(), None);
     f.observe(u64::MAX);
     assert_eq!(f.last(), MAX_TOKEN);
+    // A counter left in the legacy range when the setting goes off issues nothing either.
+    let mut f = FenceCounter::default();
+    f.set_legacy(true);
+    f.observe(MAX_EXACT_TOKEN + 10);
+    assert_eq!(f.issue(), Some(MAX_EXACT_TOKEN + 11));
+    f.set_legacy(false);
+    assert_eq!(f.issue(), None);
+    assert_eq!(f.last(), MAX_EXACT_TOKEN + 11);
+}
+
+#[test]
+fn a_counter_at_its_end_refuses_new_holds_but_not_reentries() {
+    let mut b = Bench::new();
+    b.fences.observe(MAX_EXACT_TOKEN - 1);
+    // The last token goes to o1; o2 is then refused, whatever it asks.
+    assert_eq!(
+        b.run(|l, s| l.acquire(b"o1", Mode::Read, 100, None, s)),
+        Acquired::Granted {
+            token: MAX_EXACT_TOKEN,
+            count: 1
+        }
+    );
+    assert_eq!(
+        b.run(|l, s| l.acquire(b"o2", Mode::Read, 100, None, s)),
+        Acquired::Refused(Refusal::TokensExhausted)
+    );
+    // o1's re-entry keeps its token: nothing new is issued.
+    assert_eq!(
+        b.run(|l, s| l.acquire(b"o1", Mode::Read, 100, None, s)),
+        Acquired::Granted {
+            token: MAX_EXACT_TOKEN,
+            count: 2
+        }
+    );
+    assert_eq!(b.fences.last(), MAX_EXACT_TOKEN);
+    assert_eq!(b.lock.holders().len(), 1);
+    // A semaphore on another key: its first permit is refused too.
+    let mut sem = Lock::new();
+    let req = Request {
+        owner: b"p",
+        mode: Mode::Permit,
+        ttl: 100,
+        options: HoldOptions::default(),
+        capacity: 2,
+    };
+    let mut events = Vec::new();
+    let mut step = Step {
+        now: b.now,
+        fences: &mut b.fences,
+        events: &mut events,
+        refuse: None,
+    };
+    assert_eq!(
+        sem.request(req, None, &mut step),
+        Acquired::Refused(Refusal::TokensExhausted)
+    );
+    assert!(sem.is_empty());
+}
+
+fn permit(owner: &'static [u8], capacity: u32) -> Request<'static> {
+    Request {
+        owner,
+        mode: Mode::Permit,
+        ttl: 100,
+        options: HoldOptions::default(),
+        capacity,
+    }
+}
+
+fn refusals(events: &[Event]) -> Vec<(u64, Refusal)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Refused { waiter, reason } => Some((waiter.0, *reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn waiters_whose_turn_comes_at_the_counters_end_are_refused_in_order() {
+    let mut b = Bench::new();
+    b.fences.observe(MAX_EXACT_TOKEN - 1);
+    b.run(|l, s| l.acquire(b"w", Mode::Write, 100, None, s));
+    for (id, owner, mode) in [
+        (1, b"o1", Mode::Write),
+        (2, b"o2", Mode::Read),
+        (3, b"o3", Mode::Read),
+    ] {
+        assert_eq!(
+            b.run(|l, s| l.acquire(owner, mode, 100, Some(WaiterId(id)), s)),
+            Acquired::Queued
+        );
+    }
+    b.events.clear();
+    // The writer goes: o1's turn, refused; then o2's, refused; then o3's. Nobody is left.
+    b.run(|l, s| l.release(b"w", false, s)).unwrap();
+    assert_eq!(
+        refusals(&b.events),
+        vec![
+            (1, Refusal::TokensExhausted),
+            (2, Refusal::TokensExhausted),
+            (3, Refusal::TokensExhausted)
+        ]
+    );
+    assert!(b.granted_ids().is_empty());
+    assert!(b.lock.is_empty());
+    assert_eq!(b.fences.last(), MAX_EXACT_TOKEN);
+}
+
+#[test]
+fn a_queued_extra_permit_is_granted_at_the_counters_end_after_the_refused_waiter_before_it() {
+    let mut b = Bench::new();
+    b.fences.observe(MAX_EXACT_TOKEN - 2);
+    let t1 = b.run(|l, s| l.request(permit(b"p1", 2), None, s));
+    assert_eq!(
+        t1,
+        Acquired::Granted {
+            token: MAX_EXACT_TOKEN - 1,
+            count: 1
+        }
+    );
+    b.run(|l, s| l.request(permit(b"p2", 2), None, s));
+    assert_eq!(b.fences.last(), MAX_EXACT_TOKEN);
+    // Full: p3 (a new hold) queues, then p1 for one more permit.
+    assert_eq!(
+        b.run(|l, s| l.request(permit(b"p3", 2), Some(WaiterId(1)), s)),
+        Acquired::Queued
+    );
+    assert_eq!(
+        b.run(|l, s| l.request(permit(b"p1", 2), Some(WaiterId(2)), s)),
+        Acquired::Queued
+    );
+    b.events.clear();
+    b.run(|l, s| l.release(b"p2", false, s)).unwrap();
+    // p3 would need a token: refused. p1's turn then comes, and its own hold grows.
+    assert_eq!(refusals(&b.events), vec![(1, Refusal::TokensExhausted)]);
+    assert_eq!(b.granted_ids(), vec![2]);
+    assert_eq!(
+        b.lock.holders().get(b"p1").map(|h| (h.count, h.token)),
+        Some((2, MAX_EXACT_TOKEN - 1))
+    );
+    assert!(b.lock.queue().is_empty());
+}
+
+#[test]
+fn a_step_that_refuses_grants_refuses_every_waiter_at_its_turn_and_direct_reentries() {
+    let mut b = Bench::new();
+    b.run(|l, s| l.acquire(b"w", Mode::Write, 100, None, s));
+    b.run(|l, s| l.acquire(b"o1", Mode::Write, 100, Some(WaiterId(1)), s));
+    b.run(|l, s| l.acquire(b"o2", Mode::Read, 100, Some(WaiterId(2)), s));
+    let last = b.fences.last();
+    let mut events = Vec::new();
+    let mut step = Step {
+        now: b.now,
+        fences: &mut b.fences,
+        events: &mut events,
+        refuse: Some(Refusal::Evictable),
+    };
+    // The holder's re-entry is refused like any grant...
+    assert_eq!(
+        b.lock.acquire(b"w", Mode::Write, 100, None, &mut step),
+        Acquired::Refused(Refusal::Evictable)
+    );
+    assert_eq!(b.lock.holders().get(b"w").map(|h| h.count), Some(1));
+    // ...and when it releases, each waiter in turn gets the refusal, none a grant.
+    b.lock.release(b"w", false, &mut step).unwrap();
+    let refused: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Refused {
+                waiter,
+                reason: Refusal::Evictable,
+            } => Some(waiter.0),
+            Event::Granted { .. } => Some(0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused, vec![1, 2]);
+    assert!(b.lock.is_empty());
+    assert_eq!(b.fences.last(), last, "no token issued");
+}
+
+#[test]
+fn a_counter_in_the_legacy_range_jumps_to_the_pre_release_floor() {
+    let now: Micros = 1_795_000_000_000_000;
+    assert_eq!(legacy_floor(now), 1_795_000_000_000 << 20);
+    assert_eq!(legacy_floor(u64::MAX), MAX_TOKEN);
+    // Exact range: the µs floor, legacy setting or not.
+    let mut f = FenceCounter::default();
+    f.set_legacy(true);
+    f.raise_to_floor(now);
+    assert_eq!(f.last(), now);
+    // Legacy range: the pre-release floor, so a restart from an older RDB whose counter was
+    // already in that range cannot go below what was issued since (fewer than 2^20 per ms).
+    f.observe(MAX_EXACT_TOKEN + 10);
+    f.raise_to_floor(now);
+    assert_eq!(f.last(), legacy_floor(now));
+    let issued = f.issue().unwrap();
+    f.raise_to_floor(now + 1000);
+    assert!(f.last() > issued);
 }
 
 #[test]
@@ -503,11 +718,11 @@ fn the_token_floor_follows_the_clock_and_never_lowers_the_counter() {
     let mut fences = FenceCounter::default();
     fences.raise_to_floor(now);
     let first = fences.issue();
-    assert_eq!(first, token_floor(now) + 1);
+    assert_eq!(first, Some(token_floor(now) + 1));
     // An incarnation that issued 999,999 tokens after its jump is still below the floor of a
     // restart one second (10^6 µs) later...
     for _ in 1..999_999 {
-        fences.issue();
+        assert!(fences.issue().is_some());
     }
     assert!(fences.last() < token_floor(now + 1_000_000));
     assert!(!fences.beyond_exact());
@@ -518,19 +733,20 @@ fn the_token_floor_follows_the_clock_and_never_lowers_the_counter() {
 }
 
 #[test]
-fn a_counter_from_a_pre_release_build_keeps_counting_from_where_it_is() {
+fn a_counter_from_a_pre_release_build_keeps_counting_from_where_it_is_with_the_legacy_setting() {
     // The pre-release floor was `unix_ms << 20`: about 1.88e18 in 2026.
     let legacy: u64 = 1_795_000_000_000 << 20;
     let mut fences = FenceCounter::default();
+    fences.set_legacy(true);
     fences.raise_to_floor(1_795_000_000_000_000);
     // Observing it is reported once, when the counter crosses 2^53 - 1...
     assert!(fences.observe(legacy));
     assert!(fences.beyond_exact());
     assert!(!fences.observe(legacy + 5));
-    // ...and the counter never goes back: neither a later floor nor a smaller token lowers it.
-    fences.raise_to_floor(1_795_000_000_999_000);
+    // ...and the counter never goes back: neither an earlier floor nor a smaller token lowers it.
+    fences.raise_to_floor(1_794_000_000_000_000);
     assert_eq!(fences.last(), legacy + 5);
-    assert_eq!(fences.issue(), legacy + 6);
+    assert_eq!(fences.issue(), Some(legacy + 6));
 }
 
 // ---- BIND and LOCKDELAY (version 2) ----
@@ -1048,6 +1264,7 @@ fn a_hold_that_ends_reports_how_long_it_was_held() {
                 now: $now,
                 fences: &mut fences,
                 events: &mut events,
+                refuse: None,
             }
         };
     }
@@ -1105,6 +1322,7 @@ fn a_single_plain_holder_round_trips_through_from_single() {
         now: 500,
         fences: &mut fences,
         events: &mut events,
+        refuse: None,
     };
     assert!(lock.single().is_none(), "nobody holds it");
     lock.acquire(b"a", Mode::Write, 1_000, None, &mut step);

@@ -31,6 +31,7 @@ fn run_ops(lock: &mut Lock, mut now: u64, ops: &[u8], fences: &mut FenceCounter)
             now,
             fences: &mut *fences,
             events: &mut events,
+            refuse: None,
         };
         match kind % 8 {
             0..=2 => {
@@ -77,6 +78,7 @@ fn run_ops(lock: &mut Lock, mut now: u64, ops: &[u8], fences: &mut FenceCounter)
             now,
             fences: &mut *fences,
             events: &mut events,
+            refuse: None,
         };
         lock.settle(&mut step);
         if let Err(e) = check_invariants(lock, now) {
@@ -133,6 +135,7 @@ fuzz_target!(|data: &[u8]| {
         now,
         fences: &mut fences,
         events: &mut events,
+        refuse: None,
     };
     lock.settle(&mut step);
     if let Err(e) = check_invariants(&lock, now) {

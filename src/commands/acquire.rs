@@ -7,8 +7,9 @@ use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Verdict, Wait
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
-    arg_error, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK, DEADLOCK_CYCLE,
-    KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS, USER_WAITERS_FULL,
+    arg_error, refusal_reason, BIND_IN_SCRIPT, CAPACITY_MISMATCH, COUNT_OVERFLOW, DEADLOCK,
+    DEADLOCK_CYCLE, KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
+    USER_WAITERS_FULL,
 };
 use crate::keys::LockKey;
 use crate::sys::acl;
@@ -202,6 +203,7 @@ fn request(
         Acquired::Busy => Ok(RedisValue::Null),
         Acquired::Deadlock => Err(RedisError::Str(DEADLOCK)),
         Acquired::CountOverflow => Err(RedisError::Str(COUNT_OVERFLOW)),
+        Acquired::Refused(reason) => Err(RedisError::Str(refusal_reason(reason))),
         Acquired::WrongKind if mode == Mode::Permit => Err(RedisError::Str(NOT_A_SEMAPHORE)),
         Acquired::WrongKind => Err(RedisError::Str(NOT_A_LOCK)),
         Acquired::CapacityMismatch => Err(RedisError::Str(CAPACITY_MISMATCH)),

@@ -4,7 +4,7 @@
 use redis_lock_core::sync::parse_sync;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::errors::{arg_error, SYNC_CONFLICT, SYNC_IS_INTERNAL};
+use crate::errors::{arg_error, SYNC_CONFLICT, SYNC_IS_INTERNAL, SYNC_TOKEN_REFUSED};
 use crate::keys::LockKey;
 use crate::sys::commands::Command;
 use crate::sys::context;
@@ -33,6 +33,15 @@ fn apply(ctx: &Context, args: &[&[u8]]) -> RedisResult {
         return Err(RedisError::Str(SYNC_IS_INTERNAL));
     }
     let mut sync = parse_sync(rest).map_err(arg_error)?;
+    // The counter is at least the fence and every token (`parse_sync` checks).
+    let what = format!(
+        "LOCK.SYNC of lock key {:?} (db {})",
+        String::from_utf8_lossy(key).escape_debug().to_string(),
+        context::selected_db(ctx)
+    );
+    if !stats::accept_stored_token(sync.counter, &what) {
+        return Err(RedisError::Str(SYNC_TOKEN_REFUSED));
+    }
     let mut lock_key = LockKey::open(ctx, key);
     lock_key.set_replicate(false);
     // The state does not carry when the hold began (it would cost every lock command bytes

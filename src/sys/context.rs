@@ -24,6 +24,12 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// Ends the process with status 1, as Redis does itself when its AOF cannot be loaded: called
+/// when a load refused a lock value, so the server never serves a data set missing keys.
+pub fn exit_after_refused_load() -> ! {
+    std::process::exit(1)
+}
+
 /// Is the server loading a data set (RDB, AOF, full resynchronisation) right now?
 pub fn server_is_loading() -> bool {
     detached_context().is_some_and(|ctx| {

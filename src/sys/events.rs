@@ -18,6 +18,8 @@ pub enum ServerEvent {
     SwappedDbs { first: i32, second: i32 },
     /// RDB or AOF loading finished.
     LoadingEnded,
+    /// RDB or AOF loading failed (the server exits, or a replica tries its sync again).
+    LoadingFailed,
     /// Connection `client_id` is closing. Redis 7.0's freeClient sends this before it detaches
     /// the client's blocked state.
     ClientClosing { client_id: u64 },
@@ -102,6 +104,9 @@ fn typed(eid: u64, sub: u64, data: *mut c_void) -> Option<ServerEvent> {
         }
         raw::REDISMODULE_EVENT_LOADING if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
             Some(ServerEvent::LoadingEnded)
+        }
+        raw::REDISMODULE_EVENT_LOADING if sub == raw::REDISMODULE_SUBEVENT_LOADING_FAILED => {
+            Some(ServerEvent::LoadingFailed)
         }
         raw::REDISMODULE_EVENT_CLIENT_CHANGE
             if sub == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED =>
