@@ -256,12 +256,13 @@ impl FenceCounter {
 
     /// Jumps to the wall-clock floor of `now_us` (never back): called when an instance starts
     /// or is promoted, so its tokens are above everything an earlier incarnation or a previous
-    /// master issued, saved or not (see [`token_floor`]). A counter in the legacy range (with
-    /// the legacy setting on) jumps to the pre-release floor instead ([`legacy_floor`]): in that
-    /// range the µs floor is far below what was issued.
+    /// master issued, saved or not (see [`token_floor`]). With the legacy setting on it jumps
+    /// to the pre-release floor instead ([`legacy_floor`]), whatever the counter read: legacy
+    /// tokens may have been issued since the RDB this server starts from was saved (a RESTORE
+    /// of pre-release data after the save), and the µs floor is far below them.
     pub fn raise_to_floor(&mut self, now_us: Micros) {
         let _ = self.observe(token_floor(now_us));
-        if self.legacy && self.beyond_exact() {
+        if self.legacy {
             let _ = self.observe(legacy_floor(now_us));
         }
     }

@@ -594,16 +594,22 @@ fn a_counter_in_the_legacy_range_jumps_to_the_pre_release_floor() {
     let now: Micros = 1_795_000_000_000_000;
     assert_eq!(legacy_floor(now), 1_795_000_000_000 << 20);
     assert_eq!(legacy_floor(u64::MAX), MAX_TOKEN);
-    // Exact range: the µs floor, legacy setting or not.
+    // Legacy setting off: the µs floor.
+    let mut exact = FenceCounter::default();
+    exact.raise_to_floor(now);
+    assert_eq!(exact.last(), now);
+    // On: the pre-release floor even from a counter in the exact range, so a restart from an
+    // RDB saved before legacy tokens arrived (by a RESTORE) cannot go below the legacy tokens
+    // issued since (fewer than 2^20 per ms).
     let mut f = FenceCounter::default();
     f.set_legacy(true);
     f.raise_to_floor(now);
-    assert_eq!(f.last(), now);
-    // Legacy range: the pre-release floor, so a restart from an older RDB whose counter was
-    // already in that range cannot go below what was issued since (fewer than 2^20 per ms).
-    f.observe(MAX_EXACT_TOKEN + 10);
-    f.raise_to_floor(now);
     assert_eq!(f.last(), legacy_floor(now));
+    let mut g = FenceCounter::default();
+    g.set_legacy(true);
+    g.observe(MAX_EXACT_TOKEN + 10);
+    g.raise_to_floor(now);
+    assert_eq!(g.last(), legacy_floor(now));
     let issued = f.issue().unwrap();
     f.raise_to_floor(now + 1000);
     assert!(f.last() > issued);
@@ -737,8 +743,8 @@ fn a_counter_from_a_pre_release_build_keeps_counting_from_where_it_is_with_the_l
     // The pre-release floor was `unix_ms << 20`: about 1.88e18 in 2026.
     let legacy: u64 = 1_795_000_000_000 << 20;
     let mut fences = FenceCounter::default();
-    fences.set_legacy(true);
     fences.raise_to_floor(1_795_000_000_000_000);
+    fences.set_legacy(true);
     // Observing it is reported once, when the counter crosses 2^53 - 1...
     assert!(fences.observe(legacy));
     assert!(fences.beyond_exact());
