@@ -32,7 +32,7 @@ thread_local! {
     static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
     /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
-    /// Holders of keys that have waiters (`contention`).
+    /// Holders of lock keys that are shared or have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// The module-wide source of fencing tokens (`stats`; persisted as RDB aux data).
     static FENCES: Cell<FenceCounter> = const { Cell::new(FenceCounter::new_const()) };
@@ -97,7 +97,7 @@ pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
     CONTENDED.with(|c| f(&mut c.borrow_mut()))
 }
 
-/// Which owners hold a key with waiters, and the reverse (see `contention`).
+/// Which owners hold a shared or waited lock key, and the reverse (see `contention`).
 #[derive(Default)]
 pub struct Contended {
     pub by_owner: HashMap<Box<[u8]>, BTreeSet<DbKey>>,

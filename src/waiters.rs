@@ -99,6 +99,11 @@ pub fn queued_at(db: i32, key: &[u8]) -> Vec<(WaiterId, Waiter)> {
     })
 }
 
+/// Has (`db`, `key`) any client queued?
+pub fn has_queue(place: &state::DbKey) -> bool {
+    with_waiters(|r| r.by_key.contains_key(place))
+}
+
 /// How [`top_queues`] ranks queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueOrder {
