@@ -43,7 +43,9 @@ impl Command for DebugIndex {
     const NAME: &'static str = "LOCK.DEBUG-INDEX";
     fn run(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
         let writes = crate::contention::entry_writes();
-        Ok(RedisValue::Integer(i64::try_from(writes).unwrap_or(i64::MAX)))
+        Ok(RedisValue::Integer(
+            i64::try_from(writes).unwrap_or(i64::MAX),
+        ))
     }
 }
 
