@@ -119,7 +119,10 @@ fn add(place: &DbKey, owner: &[u8]) {
             .or_default()
             .insert(place.clone())
         {
-            c.by_key.entry(place.clone()).or_default().insert(owner.into());
+            c.by_key
+                .entry(place.clone())
+                .or_default()
+                .insert(owner.into());
             count_write();
         }
     });

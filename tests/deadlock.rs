@@ -427,7 +427,10 @@ fn a_cycle_through_one_of_many_readers_is_refused() {
     // The readers leave: X is granted.
     let mut p = redis::pipe();
     for i in 0..N {
-        p.cmd("LOCK.RELEASE").arg("wide").arg(format!("r{i}")).ignore();
+        p.cmd("LOCK.RELEASE")
+            .arg("wide")
+            .arg(format!("r{i}"))
+            .ignore();
     }
     p.query::<()>(&mut c).unwrap();
     assert!(x_waits.token() > 0);
