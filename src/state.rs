@@ -181,6 +181,8 @@ pub struct Registry {
     pub by_age: BTreeSet<(WaiterId, DbKey)>,
     /// The same keys by queue length, longest first (ties: the oldest first waiter).
     pub by_length: BTreeSet<(Reverse<u64>, WaiterId, DbKey)>,
+    /// The same keys by name, then database: LOCK.QUEUES PREFIX walks the prefix's range.
+    pub by_name: BTreeSet<(Box<[u8]>, i32)>,
     /// Blocked clients per ACL user (queued, or granted with the reply pending), for
     /// `lock.max-waiters-per-user`.
     pub by_user: HashMap<Box<[u8]>, usize>,
@@ -238,6 +240,15 @@ impl Registry {
         if before == after {
             return;
         }
+        match (&before, &after) {
+            (None, Some(_)) => {
+                self.by_name.insert((place.1.clone(), place.0));
+            }
+            (Some(_), None) => {
+                self.by_name.remove(&(place.1.clone(), place.0));
+            }
+            _ => {}
+        }
         if let Some((len, first)) = before {
             self.by_age.remove(&(first, place.clone()));
             self.by_length.remove(&(Reverse(len), first, place.clone()));
@@ -263,6 +274,13 @@ impl Registry {
             self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
         }
         Some(entry)
+    }
+
+    /// How many clients are queued on `place`.
+    pub fn queue_len(&self, place: &DbKey) -> u64 {
+        self.by_key
+            .get(place)
+            .map_or(0, |ids| u64::try_from(ids.len()).unwrap_or(u64::MAX))
     }
 
     /// How long the first waiter of a queue has waited at `now`, ms.

@@ -700,6 +700,7 @@ fn provoke_errors(server: &Server, c: &mut Connection) -> Vec<String> {
         vec!["LOCK.QUEUES", "BY", "SIZE"],
         vec!["LOCK.QUEUES", "COUNT", "0"],
         vec!["LOCK.QUEUES", "COUNT", "x"],
+        vec!["LOCK.QUEUES", "PREFIX", "a", "BY", "AGE"],
         vec![
             "EVAL",
             "return redis.call('LOCK.ACQUIRE', KEYS[1], 'o', 1000, 'BIND')",
