@@ -4,8 +4,8 @@
 //!
 //! # What is indexed, and why no event costs O(holders)
 //!
-//! A hold is indexed (owner -> key, and key -> owner for removal) while its key is *shared or
-//! waited*: a lock (not a semaphore) with two or more holders, or with someone queued. The
+//! A hold is indexed (owner -> its keys; per key only a mark that its holders are in, since
+//! the lock's own holder list says which entries to drop) while its key is *shared or waited*: a lock (not a semaphore) with two or more holders, or with someone queued. The
 //! entries are kept up to date from each commit's changed owners (`LockKey::commit`), so each
 //! hold change costs O(1) entries and nothing costs O(holders):
 //! - readers joining a key that already has readers: each adds its own entry at its grant;
@@ -38,7 +38,9 @@ use std::cell::Cell;
 
 use redis_lock_core::{Listing, Lock, Mode};
 
-use crate::state::{with_contended, DbKey};
+use std::collections::BTreeSet;
+
+use crate::state::{with_contended, DbKey, Held};
 use crate::stats::Gauges;
 
 thread_local! {
@@ -86,10 +88,11 @@ pub fn update(
     let place: DbKey = (db, key.into());
     let semaphore = lock.holders().mode() == Some(Mode::Permit);
     if !is || semaphore {
-        forget_place(&place);
+        // Back to plain: at most one holder is left, the others this commit changed.
+        forget_entries(&place, lock, changed);
         return;
     }
-    let known = with_contended(|c| c.by_key.contains_key(&place));
+    let known = with_contended(|c| c.indexed.contains(&place));
     if !was || !known {
         // From plain (at most one holder before this commit, so the holders now are that one
         // and the owners this commit changed), or a value no commit indexed yet (loaded).
@@ -101,6 +104,7 @@ pub fn update(
                 remove(&place, owner);
             }
         }
+        with_contended(|c| c.indexed.insert(place));
         return;
     }
     for owner in changed {
@@ -114,15 +118,25 @@ pub fn update(
 
 fn add(place: &DbKey, owner: &[u8]) {
     with_contended(|c| {
-        if c.by_owner
-            .entry(owner.into())
-            .or_default()
-            .insert(place.clone())
-        {
-            c.by_key
-                .entry(place.clone())
-                .or_default()
-                .insert(owner.into());
+        let added = match c.by_owner.get_mut(owner) {
+            None => {
+                c.by_owner.insert(owner.into(), Held::One(place.clone()));
+                true
+            }
+            Some(Held::One(k)) if k == place => false,
+            Some(held @ Held::One(_)) => {
+                let Held::One(first) = std::mem::replace(held, Held::Many(BTreeSet::new())) else {
+                    return;
+                };
+                if let Held::Many(set) = held {
+                    set.insert(first);
+                    set.insert(place.clone());
+                }
+                true
+            }
+            Some(Held::Many(set)) => set.insert(place.clone()),
+        };
+        if added {
             count_write();
         }
     });
@@ -130,23 +144,32 @@ fn add(place: &DbKey, owner: &[u8]) {
 
 fn remove(place: &DbKey, owner: &[u8]) {
     with_contended(|c| {
-        let mut removed = false;
-        if let Some(keys) = c.by_owner.get_mut(owner) {
-            removed = keys.remove(place);
-            if keys.is_empty() {
-                c.by_owner.remove(owner);
-            }
-        }
-        if let Some(owners) = c.by_key.get_mut(place) {
-            owners.remove(owner);
-            if owners.is_empty() {
-                c.by_key.remove(place);
-            }
+        let (removed, now_empty) = match c.by_owner.get_mut(owner) {
+            None => (false, false),
+            Some(Held::One(k)) => (k == place, k == place),
+            Some(Held::Many(set)) => (set.remove(place), set.is_empty()),
+        };
+        if now_empty {
+            c.by_owner.remove(owner);
         }
         if removed {
             count_write();
         }
     });
+}
+
+/// Drops the entries of `place`: those of the lock's holders and of the owners in `changed`
+/// (which may have just left it).
+fn forget_entries(place: &DbKey, lock: &Lock, changed: &[Box<[u8]>]) {
+    if !with_contended(|c| c.indexed.remove(place)) {
+        return;
+    }
+    for (owner, _) in lock.holders().iter() {
+        remove(place, owner);
+    }
+    for owner in changed {
+        remove(place, owner);
+    }
 }
 
 fn note_fence(db: i32, key: &[u8], fence: u64) {
@@ -177,29 +200,11 @@ pub fn fence_of(db: i32, key: &[u8]) -> Option<u64> {
     with_contended(|c| c.fences.get(&db).and_then(|f| f.get(key)).copied())
 }
 
-/// (`db`, `key`) is gone: drops its entries (as many as it has holders indexed: the removal
-/// of a value, which costs that much anyway).
-pub fn forget(db: i32, key: &[u8]) {
+/// (`db`, `key`), whose lock is `lock`, is gone: drops its entries (one per holder: the
+/// removal of a value, which costs that much anyway).
+pub fn forget(db: i32, key: &[u8], lock: &Lock) {
     forget_fence(db, key);
-    forget_place(&(db, key.into()));
-}
-
-fn forget_place(place: &DbKey) {
-    with_contended(|c| {
-        let Some(owners) = c.by_key.remove(place) else {
-            return;
-        };
-        for owner in owners {
-            if let Some(keys) = c.by_owner.get_mut(&owner) {
-                if keys.remove(place) {
-                    count_write();
-                }
-                if keys.is_empty() {
-                    c.by_owner.remove(&owner);
-                }
-            }
-        }
-    });
+    forget_entries(&(db, key.into()), lock, &[]);
 }
 
 /// How many of an owner's indexed keys [`holds_contended`] looks at before it stops and
@@ -211,9 +216,10 @@ const CONTENDED_LOOKS: usize = 64;
 /// more is answered yes (the caller's walk is bounded by its budget).
 pub fn holds_contended(owner: &[u8], mut has_waiters: impl FnMut(&DbKey) -> bool) -> bool {
     let keys: Option<Vec<DbKey>> = with_contended(|c| {
-        c.by_owner
-            .get(owner)
-            .map(|keys| keys.iter().take(CONTENDED_LOOKS + 1).cloned().collect())
+        c.by_owner.get(owner).map(|held| match held {
+            Held::One(k) => vec![k.clone()],
+            Held::Many(set) => set.iter().take(CONTENDED_LOOKS + 1).cloned().collect(),
+        })
     });
     let Some(keys) = keys else {
         return false;
@@ -226,7 +232,8 @@ pub fn holds_contended(owner: &[u8], mut has_waiters: impl FnMut(&DbKey) -> bool
 /// `max` the index has; with how many were looked at.
 pub fn held_keys(owner: &[u8], max: usize, keep: impl FnMut(&DbKey) -> bool) -> Listing<DbKey> {
     with_contended(|c| match c.by_owner.get(owner) {
-        Some(keys) => Listing::walk(keys.iter().cloned(), max, keep),
+        Some(Held::One(k)) => Listing::walk(std::iter::once(k.clone()), max, keep),
+        Some(Held::Many(keys)) => Listing::walk(keys.iter().cloned(), max, keep),
         None => Listing::walk(Vec::new(), max, keep),
     })
 }

@@ -61,7 +61,7 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     let moved_away = moving::is_moved_away(value);
     let had_waiters = value.waiters() > 0;
     if contention::is_indexed(&value.gauges()) {
-        contention::forget(db, key);
+        contention::forget(db, key, &value.view());
     }
     if had_waiters {
         let before = value.gauges();

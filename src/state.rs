@@ -97,15 +97,23 @@ pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
     CONTENDED.with(|c| f(&mut c.borrow_mut()))
 }
 
-/// Which owners hold a shared or waited lock key, and the reverse (see `contention`).
+/// Which owners hold a shared or waited lock key (see `contention`).
 #[derive(Default)]
 pub struct Contended {
-    pub by_owner: HashMap<Box<[u8]>, BTreeSet<DbKey>>,
-    pub by_key: HashMap<DbKey, HashSet<Box<[u8]>>>,
+    pub by_owner: HashMap<Box<[u8]>, Held>,
+    /// The keys whose holders are indexed (one entry per key, not per holder: a key's entries
+    /// are found through its lock's holders when they go).
+    pub indexed: HashSet<DbKey>,
     /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
     /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
     /// By database, then key: looked up by a borrowed name, with no key copy.
     pub fences: HashMap<i32, HashMap<Box<[u8]>, u64>>,
+}
+
+/// The indexed keys of one owner: most owners hold one (no set allocated for it).
+pub enum Held {
+    One(DbKey),
+    Many(BTreeSet<DbKey>),
 }
 
 pub fn with_expired<R>(f: impl FnOnce(&mut BTreeMap<DbKey, u64>) -> R) -> R {
