@@ -56,11 +56,6 @@ def fill(command):
             buf += ctl.recv(1 << 20)
 
 
-call("FLUSHALL")
-fill(lambda i: cmd("LOCK.RWREAD", "wide", "r%d" % i, 600000))
-fill(lambda i: cmd("LOCK.SEMACQUIRE", "sem", "p%d" % i, holders, 600000))
-
-
 def waiting(_key):
     # INFO lock's waiters (LOCK.INFO would list every holder): this key is the only one waited.
     text = call("INFO", "lock").decode()
@@ -78,6 +73,15 @@ def stat(name):
             return int(fields["calls"]), float(fields["usec_per_call"])
     return 0, 0.0
 
+
+call("FLUSHALL")
+fill(lambda i: cmd("LOCK.RWREAD", "wide", "r%d" % i, 600000))
+fill(lambda i: cmd("LOCK.SEMACQUIRE", "sem", "p%d" % i, holders, 600000))
+memory = [l for l in call("INFO", "memory").decode().split("\r\n") if l.startswith("used_memory:")]
+print(
+    f"filled: LOCK.RWREAD {stat('lock.rwread')[1]:.2f} us, LOCK.SEMACQUIRE "
+    f"{stat('lock.semacquire')[1]:.2f} us per call (pipelined); {memory[0]}"
+)
 
 for key, request in (
     ("wide", ("LOCK.ACQUIRE", "wide", "w", 600000, "WAIT", 0)),
