@@ -60,7 +60,8 @@ impl WaitGraph for Graph<'_> {
     type Key = DbKey;
 
     fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<DbKey> {
-        contention::held_keys(owner, max, |k| self.in_reach(k))
+        // Keys nobody queues on lead nowhere: left out (looked at, and charged, all the same).
+        contention::held_keys(owner, max, |k| waiters::has_queue(k) && self.in_reach(k))
     }
 
     fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(DbKey, WaiterId)> {

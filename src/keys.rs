@@ -236,9 +236,11 @@ impl<'a> LockKey<'a> {
             bound::forget_ended(&unbound, self.db, self.name.get().as_slice(), lock);
         }
         let after = Gauges::of(lock);
-        if before.waiters > 0 || after.waiters > 0 {
+        // Only shared or waited locks (see `contention`): O(changed owners), nothing for a
+        // plain exclusive lock.
+        if contention::is_indexed(&before) || contention::is_indexed(&after) {
             let key = self.name.get().as_slice();
-            contention::update(self.db, key, lock, before.waiters > 0, &changed);
+            contention::update(self.db, key, lock, &before, &after, &changed);
         }
         stats::update_gauges(before, after);
         if lock.is_empty() {

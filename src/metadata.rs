@@ -216,9 +216,12 @@ pub const QUEUES: CommandDoc = CommandDoc {
     summary: "Lists this server's lock queues, ranked by their longest-waiting client's wait \
                   (BY AGE, the default) or by their length (BY LENGTH): [key, db, waiting, \
                   oldest wait ms, holders, [[owner, held ms], ...]] each (up to 10 holders \
-                  named), at most COUNT (default 10, at most 1000).",
-    complexity: "O(W + C log C) where W is the number of keys with waiters and C the count; \
-                 keys without waiters cost nothing",
+                  named), at most COUNT (default 10, at most 1000); PREFIX p: only keys \
+                  starting with p, in key order. A reply that stopped looking early ends with \
+                  the status TRUNCATED.",
+    complexity: "O(C log W + S) where W is the number of keys with waiters, C the count and S \
+                 the queues skipped for the caller (at most 500); keys without waiters cost \
+                 nothing",
     since: SINCE,
     // `@read`, not `@admin`: it reports only keys the caller may read under its ACL key
     // patterns (SPEC.md, "Tenants (ACL)"), as SCAN is `@read`; `@slow` since its cost grows
@@ -236,6 +239,12 @@ pub const QUEUES: CommandDoc = CommandDoc {
             name: "count",
             kind: ArgKind::Integer,
             token: Some("COUNT"),
+            optional: true,
+        },
+        ArgDoc {
+            name: "prefix",
+            kind: ArgKind::String,
+            token: Some("PREFIX"),
             optional: true,
         },
     ],

@@ -60,8 +60,10 @@ fn schedule_after(delay: Duration) {
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     let moved_away = moving::is_moved_away(value);
     let had_waiters = value.waiters() > 0;
+    if contention::is_indexed(&value.gauges()) {
+        contention::forget(db, key, &value.view());
+    }
     if had_waiters {
-        contention::forget(db, key);
         let before = value.gauges();
         drop(value.lock_mut().take_waiters());
         stats::update_gauges(before, value.gauges());

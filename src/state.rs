@@ -32,7 +32,7 @@ thread_local! {
     static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
     /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
-    /// Holders of keys that have waiters (`contention`).
+    /// Holders of lock keys that are shared or have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// What the current load refused (`stats::refuse_load`): the first refused key's log line.
     static REFUSED_LOAD: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -99,15 +99,23 @@ pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
     CONTENDED.with(|c| f(&mut c.borrow_mut()))
 }
 
-/// Which owners hold a key with waiters, and the reverse (see `contention`).
+/// Which owners hold a shared or waited lock key (see `contention`).
 #[derive(Default)]
 pub struct Contended {
-    pub by_owner: HashMap<Box<[u8]>, BTreeSet<DbKey>>,
-    pub by_key: HashMap<DbKey, HashSet<Box<[u8]>>>,
+    pub by_owner: HashMap<Box<[u8]>, Held>,
+    /// The keys whose holders are indexed (one entry per key, not per holder: a key's entries
+    /// are found through its lock's holders when they go).
+    pub indexed: HashSet<DbKey>,
     /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
     /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
     /// By database, then key: looked up by a borrowed name, with no key copy.
     pub fences: HashMap<i32, HashMap<Box<[u8]>, u64>>,
+}
+
+/// The indexed keys of one owner: most owners hold one (no set allocated for it).
+pub enum Held {
+    One(DbKey),
+    Many(BTreeSet<DbKey>),
 }
 
 pub fn with_expired<R>(f: impl FnOnce(&mut BTreeMap<DbKey, u64>) -> R) -> R {
@@ -189,6 +197,8 @@ pub struct Registry {
     pub by_age: BTreeSet<(WaiterId, DbKey)>,
     /// The same keys by queue length, longest first (ties: the oldest first waiter).
     pub by_length: BTreeSet<(Reverse<u64>, WaiterId, DbKey)>,
+    /// The same keys by name, then database: LOCK.QUEUES PREFIX walks the prefix's range.
+    pub by_name: BTreeSet<(Box<[u8]>, i32)>,
     /// Blocked clients per ACL user (queued, or granted with the reply pending), for
     /// `lock.max-waiters-per-user`.
     pub by_user: HashMap<Box<[u8]>, usize>,
@@ -246,6 +256,15 @@ impl Registry {
         if before == after {
             return;
         }
+        match (&before, &after) {
+            (None, Some(_)) => {
+                self.by_name.insert((place.1.clone(), place.0));
+            }
+            (Some(_), None) => {
+                self.by_name.remove(&(place.1.clone(), place.0));
+            }
+            _ => {}
+        }
         if let Some((len, first)) = before {
             self.by_age.remove(&(first, place.clone()));
             self.by_length.remove(&(Reverse(len), first, place.clone()));
@@ -271,6 +290,13 @@ impl Registry {
             self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
         }
         Some(entry)
+    }
+
+    /// How many clients are queued on `place`.
+    pub fn queue_len(&self, place: &DbKey) -> u64 {
+        self.by_key
+            .get(place)
+            .map_or(0, |ids| u64::try_from(ids.len()).unwrap_or(u64::MAX))
     }
 
     /// How long the first waiter of a queue has waited at `now`, ms.

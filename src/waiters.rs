@@ -99,6 +99,11 @@ pub fn queued_at(db: i32, key: &[u8]) -> Vec<(WaiterId, Waiter)> {
     })
 }
 
+/// Has (`db`, `key`) any client queued?
+pub fn has_queue(place: &state::DbKey) -> bool {
+    with_waiters(|r| r.by_key.contains_key(place))
+}
+
 /// How [`top_queues`] ranks queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueOrder {
@@ -123,34 +128,38 @@ pub struct QueueSummary {
 /// the number of queues.
 pub const QUEUES_LOOK_LIMIT: usize = 500;
 
+/// What [`top_queues`] and [`prefix_queues`] found: the rows, and whether the walk stopped on
+/// its look limit with queues left that it did not look at (the reply must then say so: fewer
+/// rows, or none, would otherwise read as "nothing more waits").
+pub struct QueuesFound {
+    pub rows: Vec<QueueSummary>,
+    pub truncated: bool,
+}
+
 /// The `count` first queues of the server in `order` that `may_read` accepts (ties: the
 /// oldest first waiter, then database and key). Reads the registry's rankings in order, so it
 /// costs the queues it looks at: the rows it returns and the ones `may_read` refuses before
 /// them, at most `limit` of those (a caller who may read few queues may then get fewer rows
-/// than exist for it, never rows out of order). `may_read` is called outside the registry's borrow.
+/// than exist for it, never rows out of order, and `truncated` says so). `may_read` is called
+/// outside the registry's borrow.
 pub fn top_queues(
     now: u64,
     order: QueueOrder,
     count: usize,
     limit: usize,
-    mut may_read: impl FnMut(&[u8]) -> bool,
-) -> Vec<QueueSummary> {
-    const BATCH: usize = 64;
-    let mut out = Vec::new();
-    let mut skipped = 0usize;
+    may_read: impl FnMut(&[u8]) -> bool,
+) -> QueuesFound {
     // Where the last batch ended, in the ranking's own order.
     let mut after: Option<(u64, WaiterId, state::DbKey)> = None;
-    while out.len() < count && skipped < limit {
-        // No more than the rows still wanted (a tenant's skips take further batches).
-        let want = BATCH.min(count.saturating_sub(out.len())).max(1);
-        // (length, first waiter, place, age): copied out so the ACL check runs unborrowed.
+    walk_queues(count, limit, may_read, |want| {
         let batch: Vec<(u64, WaiterId, state::DbKey, u64)> = with_waiters(|r| {
             let rank = |first: WaiterId, place: &state::DbKey| {
-                let len = r
-                    .by_key
-                    .get(place)
-                    .map_or(0, |ids| u64::try_from(ids.len()).unwrap_or(u64::MAX));
-                (len, first, place.clone(), r.age_of(first, now))
+                (
+                    r.queue_len(place),
+                    first,
+                    place.clone(),
+                    r.age_of(first, now),
+                )
             };
             match order {
                 QueueOrder::Age => {
@@ -179,28 +188,112 @@ pub fn top_queues(
                 }
             }
         });
+        if let Some((len, first, place, _)) = batch.last() {
+            after = Some((*len, *first, place.clone()));
+        }
+        batch
+            .into_iter()
+            .map(|(len, _, place, age)| (place, len, age))
+            .collect()
+    })
+}
+
+/// The first `count` queues, in key order (then database), whose key starts with `prefix` and
+/// that `may_read` accepts. Walks the registry's by-name index from the prefix on, so it costs
+/// the queues under the prefix it looks at, never any other: the rows depend only on the
+/// queues whose keys start with `prefix`. Skips at most `limit` queues `may_read` refuses
+/// (`truncated` then says so).
+pub fn prefix_queues(
+    now: u64,
+    prefix: &[u8],
+    count: usize,
+    limit: usize,
+    may_read: impl FnMut(&[u8]) -> bool,
+) -> QueuesFound {
+    let mut after: Option<(Box<[u8]>, i32)> = None;
+    walk_queues(count, limit, may_read, |want| {
+        let batch: Vec<(state::DbKey, u64, u64)> = with_waiters(|r| {
+            let start = match &after {
+                None => Bound::Included((Box::<[u8]>::from(prefix), i32::MIN)),
+                Some(last) => Bound::Excluded(last.clone()),
+            };
+            r.by_name
+                .range((start, Bound::Unbounded))
+                .take_while(|(name, _)| name.starts_with(prefix))
+                .take(want)
+                .map(|(name, db)| {
+                    let place: state::DbKey = (*db, name.clone());
+                    let age = r
+                        .by_key
+                        .get(&place)
+                        .and_then(|ids| ids.first())
+                        .map_or(0, |first| r.age_of(*first, now));
+                    let len = r.queue_len(&place);
+                    (place, len, age)
+                })
+                .collect()
+        });
+        if let Some(((db, name), _, _)) = batch.last() {
+            after = Some((name.clone(), *db));
+        }
+        batch
+    })
+}
+
+/// The walk both listings share: asks `next_batch(want)` for up to `want` more queues in
+/// order, as (place, waiting, oldest ms), keeps those `may_read` accepts until `count` rows,
+/// and stops after `limit` refused ones.
+fn walk_queues(
+    count: usize,
+    limit: usize,
+    mut may_read: impl FnMut(&[u8]) -> bool,
+    mut next_batch: impl FnMut(usize) -> Vec<(state::DbKey, u64, u64)>,
+) -> QueuesFound {
+    const BATCH: usize = 64;
+    let mut rows = Vec::new();
+    let mut skipped = 0usize;
+    loop {
+        if rows.len() >= count {
+            return QueuesFound {
+                rows,
+                truncated: false,
+            };
+        }
+        // No more than the rows still wanted (a tenant's skips take further batches).
+        let want = BATCH.min(count.saturating_sub(rows.len())).max(1);
+        let batch = next_batch(want);
         let exhausted = batch.len() < want;
-        for (len, first, place, age) in batch {
-            if out.len() >= count || skipped >= limit {
+        let mut batch = batch.into_iter().peekable();
+        while let Some((place, waiting, oldest_ms)) = batch.next() {
+            if rows.len() >= count {
                 break;
             }
             if may_read(&place.1) {
-                out.push(QueueSummary {
+                rows.push(QueueSummary {
                     db: place.0,
-                    key: place.1.clone(),
-                    waiting: len,
-                    oldest_ms: age,
+                    key: place.1,
+                    waiting,
+                    oldest_ms,
                 });
             } else {
                 skipped += 1;
+                if skipped >= limit && rows.len() < count {
+                    // Stopped looking: anything after this queue was not looked at.
+                    let more = batch.peek().is_some() || !exhausted;
+                    return QueuesFound {
+                        rows,
+                        truncated: more,
+                    };
+                }
             }
-            after = Some((len, first, place));
         }
         if exhausted {
-            break;
+            return QueuesFound {
+                rows,
+                truncated: false,
+            };
         }
     }
-    out
 }
 
 /// Every (db, key) that has queued waiters, for databases `dbs` (all when empty).

@@ -308,3 +308,130 @@ fn a_hold_granted_from_the_queue_closes_cycles_too() {
     int(&mut w2, &["LOCK.RELEASE", "J", "W2"]);
     assert!(w1_waits_j.token() > 0);
 }
+
+/// Blocks the module holds (LOCK.DEBUG-ALLOC, a `test-hooks` build).
+fn module_blocks(c: &mut Connection) -> i64 {
+    match query(c, &["LOCK.DEBUG-ALLOC"]) {
+        Ok(Value::Array(v)) => match v.first() {
+            Some(Value::Int(blocks)) => *blocks,
+            other => panic!("LOCK.DEBUG-ALLOC: {other:?}"),
+        },
+        other => panic!("LOCK.DEBUG-ALLOC (a test-hooks build is needed): {other:?}"),
+    }
+}
+
+/// Entries the deadlock index has added or removed so far (LOCK.DEBUG-INDEX).
+fn index_writes(c: &mut Connection) -> i64 {
+    int(c, &["LOCK.DEBUG-INDEX"])
+}
+
+/// Grants `n` holds on `key` in one pipeline: reads by `r0`.. or, with `capacity`, one permit
+/// each to `p0`.. of a semaphore of that capacity.
+fn many_holders(c: &mut Connection, key: &str, n: usize, capacity: Option<usize>) {
+    let mut p = redis::pipe();
+    for i in 0..n {
+        match capacity {
+            None => p.cmd("LOCK.RWREAD").arg(key).arg(format!("r{i}")).arg(LONG),
+            Some(cap) => p
+                .cmd("LOCK.SEMACQUIRE")
+                .arg(key)
+                .arg(format!("p{i}"))
+                .arg(cap)
+                .arg(LONG),
+        };
+    }
+    let tokens: Vec<i64> = p.query(c).unwrap();
+    assert!(tokens.iter().all(|t| *t > 0), "every hold granted");
+}
+
+/// The first waiter on a key with many holders, its timeout and the queue emptying do work
+/// that does not grow with the holders (SPEC.md, "Bounded cost, everywhere"): the module
+/// allocates nothing per holder for them. (Before version 4 every holder was copied into the
+/// deadlock index when the queue appeared, and dropped when it emptied.)
+#[test]
+fn the_first_waiter_costs_nothing_per_holder() {
+    const N: usize = 3_000;
+    let server = Server::start();
+    let mut c = server.client();
+    many_holders(&mut c, "wide", N, None);
+    many_holders(&mut c, "sem", N, Some(N));
+    let requests: [(&str, &[&str]); 2] = [
+        ("wide", &["LOCK.ACQUIRE", "wide", "w", LONG, "WAIT", "300"]),
+        (
+            "sem",
+            &["LOCK.SEMACQUIRE", "sem", "w", "3000", LONG, "WAIT", "300"],
+        ),
+    ];
+    for (key, words) in requests {
+        let blocks_before = module_blocks(&mut c);
+        let mut observer = server.client();
+        let waiter = spawn_waiter(&server, &mut observer, words, 1);
+        let blocks_waiting = module_blocks(&mut c);
+        assert!(
+            blocks_waiting - blocks_before < (N / 10) as i64,
+            "{key}: the first waiter allocated {} blocks beside {N} holders",
+            blocks_waiting - blocks_before
+        );
+        let writes_waiting = index_writes(&mut c);
+        // Its timeout empties the queue again.
+        assert_eq!(waiter.join().unwrap(), Value::Nil, "{key}: times out");
+        wait_until("the queue is empty", || waiting(&mut c, key) == 0);
+        let blocks_after = module_blocks(&mut c);
+        assert!(
+            (blocks_after - blocks_before).abs() < (N / 10) as i64,
+            "{key}: {} blocks moved by the queue emptying",
+            blocks_after - blocks_before
+        );
+        assert_eq!(
+            index_writes(&mut c),
+            writes_waiting,
+            "{key}: the queue emptying rewrote index entries"
+        );
+    }
+}
+
+/// A cycle through one of many readers is still found: a writer queued behind the readers
+/// waits for each of them, so a reader asking for the writer's key closes a cycle; a reader
+/// asking for a key nobody in a cycle holds is not refused.
+#[test]
+fn a_cycle_through_one_of_many_readers_is_refused() {
+    const N: usize = 3_000;
+    let server = Server::start();
+    let mut c = server.client();
+    many_holders(&mut c, "wide", N, None);
+    hold(&mut c, "0", "other", "X", false);
+    hold(&mut c, "0", "free-ish", "Y", false);
+    let before = index_writes(&mut c);
+    // X queues behind the readers (the key's first waiter).
+    let x_waits = queue(&server, "0", "wide", "X", false, 1);
+    assert!(
+        index_writes(&mut c) - before <= 2,
+        "the first waiter rewrote the index"
+    );
+    // r1234 waiting for "other" would wait for X, who waits for r1234.
+    assert_refused(
+        &mut c,
+        "0",
+        &["LOCK.ACQUIRE", "other", "r1234", LONG, "WAIT", "30000"],
+    );
+    // r99 waiting for "free-ish" waits for Y, who waits for nobody.
+    let mut r99 = server.client();
+    let r99_waits = spawn_waiter(
+        &server,
+        &mut r99,
+        &["LOCK.ACQUIRE", "free-ish", "r99", LONG, "WAIT", "30000"],
+        1,
+    );
+    int(&mut c, &["LOCK.RELEASE", "free-ish", "Y"]);
+    assert!(r99_waits.token() > 0);
+    // The readers leave: X is granted.
+    let mut p = redis::pipe();
+    for i in 0..N {
+        p.cmd("LOCK.RELEASE")
+            .arg("wide")
+            .arg(format!("r{i}"))
+            .ignore();
+    }
+    p.query::<()>(&mut c).unwrap();
+    assert!(x_waits.token() > 0);
+}

@@ -357,6 +357,7 @@ fn sample(placeholder: &str, key: &str) -> String {
         "timeout" => "50".into(),
         "ms" => "10".into(),
         "n" => "5".into(),
+        "p" => "doc:".into(),
         other if other.contains('|') || other.chars().all(|c| c.is_ascii_uppercase()) => {
             other.split('|').next().unwrap_or(other).to_string()
         }
@@ -456,12 +457,21 @@ fn every_documented_option_is_accepted_and_every_accepted_option_is_documented()
             }
         }
         if syn.options.len() > 1 {
-            let all: Vec<String> = syn
-                .options
-                .iter()
-                .rev()
-                .flat_map(|o| option_words(o, "", 0))
-                .collect();
+            // Options documented as excluding each other: the second of a pair is left out.
+            const EXCLUSIVE: &[(&str, &str, &str)] = &[("LOCK.QUEUES", "PREFIX", "BY")];
+            let mut taken: Vec<&str> = Vec::new();
+            let mut all: Vec<String> = Vec::new();
+            for o in syn.options.iter().rev() {
+                let excluded = EXCLUSIVE.iter().any(|(cmd, a, b)| {
+                    cmd.eq_ignore_ascii_case(name)
+                        && ((o.keyword == *b && taken.contains(a))
+                            || (o.keyword == *a && taken.contains(b)))
+                });
+                if !excluded {
+                    taken.push(o.keyword.as_str());
+                    all.extend(option_words(o, "", 0));
+                }
+            }
             let (_, words, r) = run(&mut c, &all);
             assert!(
                 accepted(&r),
@@ -708,6 +718,7 @@ fn provoke_errors(server: &Server, c: &mut Connection) -> Vec<String> {
         vec!["LOCK.QUEUES", "BY", "SIZE"],
         vec!["LOCK.QUEUES", "COUNT", "0"],
         vec!["LOCK.QUEUES", "COUNT", "x"],
+        vec!["LOCK.QUEUES", "PREFIX", "a", "BY", "AGE"],
         vec![
             "EVAL",
             "return redis.call('LOCK.ACQUIRE', KEYS[1], 'o', 1000, 'BIND')",

@@ -701,3 +701,106 @@ fn out_of_reach_held_keys_are_charged_and_cut_the_check() {
     // The waiters stay blocked until the server stops.
     drop(waiters);
 }
+
+/// LOCK.QUEUES elements as text: a row's key, or the status that ends a cut-short reply.
+fn queue_reply(c: &mut Connection, args: &[&str]) -> Vec<String> {
+    let mut words = vec!["LOCK.QUEUES"];
+    words.extend_from_slice(args);
+    match query(c, &words).expect("LOCK.QUEUES") {
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::Array(row) => value_text(&row[0]),
+                Value::SimpleString(s) => format!("+{s}"),
+                Value::Okay => "+OK".to_string(),
+                other => panic!("LOCK.QUEUES element {other:?}"),
+            })
+            .collect(),
+        other => panic!("LOCK.QUEUES: {other:?}"),
+    }
+}
+
+/// Bob parks waiters on 600 of his keys, older than alice's one stuck queue: alice's
+/// LOCK.QUEUES (which skips at most 500 queues she may not read) no longer answers as if
+/// nothing waited (it used to reply an empty array): the reply says it stopped looking
+/// (`TRUNCATED`), and `PREFIX tenantA:` finds her queue whatever bob queues.
+#[test]
+fn a_queues_reply_cut_short_says_so_and_a_prefix_finds_ones_own() {
+    let server = Server::start();
+    let mut admin = server.client();
+    add_tenants(&mut admin);
+    let mut bob = login(&server, "bob");
+    let n = 600;
+    let mut p = redis::pipe();
+    for i in 0..n {
+        p.cmd("LOCK.ACQUIRE")
+            .arg(format!("tenantB:{i}"))
+            .arg("h")
+            .arg(LONG)
+            .ignore();
+    }
+    let () = p.query(&mut bob).expect("bob's holders");
+    let mut conns = Vec::new();
+    for i in 0..n {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        send_raw(&mut s, &["AUTH", "bob", "pw"]).expect("send");
+        send_raw(
+            &mut s,
+            &[
+                "LOCK.ACQUIRE",
+                &format!("tenantB:{i}"),
+                "w",
+                LONG,
+                "WAIT",
+                "0",
+            ],
+        )
+        .expect("send");
+        conns.push(s);
+    }
+    wait_until("bob's waiters queued", || {
+        info_field(&mut admin, "waiters") == n as u64
+    });
+    let mut alice = login(&server, "alice");
+    assert!(int(&mut alice, &["LOCK.ACQUIRE", "tenantA:stuck", "a", LONG]) > 0);
+    let stuck = queue_as(
+        &server,
+        &mut admin,
+        "alice",
+        &["LOCK.ACQUIRE", "tenantA:stuck", "a2", LONG, "WAIT", "0"],
+        1,
+    );
+    for by in ["AGE", "LENGTH"] {
+        let reply = queue_reply(&mut alice, &["BY", by]);
+        assert!(
+            reply.last().map(String::as_str) == Some("+TRUNCATED"),
+            "BY {by}: a reply cut short must say so, got {reply:?}"
+        );
+        assert!(reply
+            .iter()
+            .all(|k| k == "+TRUNCATED" || k.starts_with("tenantA:")));
+    }
+    assert_eq!(
+        queue_reply(&mut alice, &["PREFIX", "tenantA:"]),
+        vec!["tenantA:stuck".to_string()]
+    );
+    // Bob's own prefix: his 600 queues in key order, COUNT at a time, complete.
+    let bobs = queue_reply(&mut bob, &["PREFIX", "tenantB:", "COUNT", "1000"]);
+    assert_eq!(bobs.len(), n, "{:?}", bobs.last());
+    let mut sorted = bobs.clone();
+    sorted.sort();
+    assert_eq!(bobs, sorted, "key order");
+    assert_eq!(
+        queue_reply(&mut bob, &["PREFIX", "tenantB:1", "COUNT", "3"]).len(),
+        3
+    );
+    assert!(queue_reply(&mut bob, &["PREFIX", "tenantC:"]).is_empty());
+    // The admin (allkeys) gets a complete answer, no marker.
+    let all = queue_reply(&mut admin, &["COUNT", "1000"]);
+    assert_eq!(all.len(), n + 1);
+    assert!(!all.contains(&"+TRUNCATED".to_string()));
+    assert!(err(&mut alice, &["LOCK.QUEUES", "PREFIX", "a", "BY", "AGE"]).contains("PREFIX"));
+    int(&mut alice, &["LOCK.RELEASE", "tenantA:stuck", "a"]);
+    assert!(token(stuck) > 0);
+    drop(conns);
+}

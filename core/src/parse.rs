@@ -24,6 +24,7 @@ pub enum ArgError {
     QueueOrder,
     CountNotInteger,
     CountRange,
+    PrefixWithBy,
     Syntax,
 }
 
@@ -46,6 +47,9 @@ impl ArgError {
             }
             ArgError::LockDelayNotExclusive => {
                 "ERR LOCKDELAY applies to exclusive locks only (LOCK.ACQUIRE)"
+            }
+            ArgError::PrefixWithBy => {
+                "ERR PREFIX lists queues in key order: it cannot be combined with BY"
             }
             ArgError::CapacityNotInteger => "ERR capacity is not an integer or out of range",
             ArgError::CapacityRange => "ERR capacity must be between 1 and 2147483647",
@@ -141,37 +145,45 @@ pub enum QueuesBy {
 
 /// `LOCK.QUEUES` arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QueuesArgs {
+pub struct QueuesArgs<'a> {
     pub by: QueuesBy,
     /// How many queues to list, 1 to [`MAX_QUEUES_COUNT`].
     pub count: usize,
+    /// `PREFIX p`: only queues whose key starts with these bytes, in key order (not with BY).
+    pub prefix: Option<&'a [u8]>,
 }
 
 /// The most queues one `LOCK.QUEUES` lists (it bounds the reply; the scan is bounded by the
 /// number of keys with waiters anyway).
 pub const MAX_QUEUES_COUNT: usize = 1000;
 
-/// Parses `[BY AGE|LENGTH] [COUNT n]` (any order, each at most once, case-insensitive).
-pub fn queues(args: &[&[u8]]) -> Result<QueuesArgs, ArgError> {
+/// Parses `[BY AGE|LENGTH] [COUNT n] [PREFIX p]` (any order, each at most once, options
+/// case-insensitive; BY and PREFIX exclude each other).
+pub fn queues<'a>(args: &[&'a [u8]]) -> Result<QueuesArgs<'a>, ArgError> {
     let mut parsed = QueuesArgs {
         by: QueuesBy::Age,
         count: 10,
+        prefix: None,
     };
-    let (mut seen_by, mut seen_count) = (false, false);
+    let (mut seen_by, mut seen_count, mut seen_prefix) = (false, false, false);
     let mut rest = args;
     while let [opt, tail @ ..] = rest {
-        let is_by = opt.eq_ignore_ascii_case(b"BY");
-        if !is_by && !opt.eq_ignore_ascii_case(b"COUNT") {
+        let seen = if opt.eq_ignore_ascii_case(b"BY") {
+            &mut seen_by
+        } else if opt.eq_ignore_ascii_case(b"COUNT") {
+            &mut seen_count
+        } else if opt.eq_ignore_ascii_case(b"PREFIX") {
+            &mut seen_prefix
+        } else {
             return Err(ArgError::UnknownOption);
-        }
+        };
         let [value, tail @ ..] = tail else {
             return Err(ArgError::Syntax);
         };
-        let seen = if is_by { &mut seen_by } else { &mut seen_count };
         if std::mem::replace(seen, true) {
             return Err(ArgError::RepeatedOption);
         }
-        if is_by {
+        if opt.eq_ignore_ascii_case(b"BY") {
             parsed.by = if value.eq_ignore_ascii_case(b"AGE") {
                 QueuesBy::Age
             } else if value.eq_ignore_ascii_case(b"LENGTH") {
@@ -179,14 +191,19 @@ pub fn queues(args: &[&[u8]]) -> Result<QueuesArgs, ArgError> {
             } else {
                 return Err(ArgError::QueueOrder);
             };
-        } else {
+        } else if opt.eq_ignore_ascii_case(b"COUNT") {
             let n = parse_i64(value).ok_or(ArgError::CountNotInteger)?;
             parsed.count = usize::try_from(n)
                 .ok()
                 .filter(|n| (1..=MAX_QUEUES_COUNT).contains(n))
                 .ok_or(ArgError::CountRange)?;
+        } else {
+            parsed.prefix = Some(value);
         }
         rest = tail;
+    }
+    if seen_by && seen_prefix {
+        return Err(ArgError::PrefixWithBy);
     }
     Ok(parsed)
 }
@@ -377,6 +394,40 @@ mod tests {
         let owned = a(args);
         let refs: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
         queues(&refs).map(|r| (r.by, r.count))
+    }
+
+    #[test]
+    fn queues_prefix_is_any_bytes_once_and_not_with_by() {
+        let parse = |args: &[&[u8]]| queues(args).map(|r| (r.prefix.map(<[u8]>::to_vec), r.count));
+        assert_eq!(
+            parse(&[b"PREFIX", b"tenantA:"]),
+            Ok((Some(b"tenantA:".to_vec()), 10))
+        );
+        assert_eq!(
+            parse(&[b"count", b"5", b"prefix", b""]),
+            Ok((Some(Vec::new()), 5))
+        );
+        assert_eq!(
+            parse(&[b"PREFIX", b"\xff\x00"]),
+            Ok((Some(b"\xff\x00".to_vec()), 10))
+        );
+        assert_eq!(parse(&[b"PREFIX"]), Err(ArgError::Syntax));
+        assert_eq!(
+            parse(&[b"PREFIX", b"a", b"PREFIX", b"b"]),
+            Err(ArgError::RepeatedOption)
+        );
+        assert_eq!(
+            parse(&[b"PREFIX", b"a", b"BY", b"AGE"]),
+            Err(ArgError::PrefixWithBy)
+        );
+        assert_eq!(
+            parse(&[b"BY", b"LENGTH", b"PREFIX", b"a"]),
+            Err(ArgError::PrefixWithBy)
+        );
+        assert_eq!(
+            parse(&[b"PREFIX", b"a", b"BY", b"x"]),
+            Err(ArgError::QueueOrder)
+        );
     }
 
     #[test]

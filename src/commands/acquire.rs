@@ -140,7 +140,10 @@ fn request(
         .apply(|lock, step| lock.request(request, wait_id, step))
         .ok_or(RedisError::Str(KEY_VANISHED))?;
     // A requester that holds no key anyone waits for cannot close a cycle: no walk.
-    if detect && outcome == Acquired::Busy && contention::holds_contended(req.owner) {
+    if detect
+        && outcome == Acquired::Busy
+        && contention::holds_contended(req.owner, waiters::has_queue)
+    {
         let budget = crate::config::deadlock_budget();
         let verdict = match lock_key.existing()? {
             Some(value) => deadlock::check_here(ctx, req.owner, mode, key, &value.view(), budget),

@@ -1,4 +1,5 @@
-//! The test-only commands (`test-hooks` builds only): LOCK.DEBUG-PANIC and LOCK.DEBUG-ALLOC.
+//! The test-only commands (`test-hooks` builds only): LOCK.DEBUG-PANIC, LOCK.DEBUG-ALLOC and
+//! LOCK.DEBUG-INDEX.
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
@@ -34,8 +35,23 @@ impl Command for DebugAlloc {
     }
 }
 
-/// Registers both.
+/// LOCK.DEBUG-INDEX: how many entries the deadlock index (`contention`) has added or removed
+/// since the module loaded: the work a request or an event made it do.
+pub struct DebugIndex;
+
+impl Command for DebugIndex {
+    const NAME: &'static str = "LOCK.DEBUG-INDEX";
+    fn run(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
+        let writes = crate::contention::entry_writes();
+        Ok(RedisValue::Integer(
+            i64::try_from(writes).unwrap_or(i64::MAX),
+        ))
+    }
+}
+
+/// Registers them.
 pub fn register(ctx: &Context) -> Result<(), String> {
     register_keyless(ctx, "lock.debug-panic", "fast", handler::<DebugPanic>())?;
+    register_keyless(ctx, "lock.debug-index", "fast", handler::<DebugIndex>())?;
     register_keyless(ctx, "lock.debug-alloc", "fast", handler::<DebugAlloc>())
 }

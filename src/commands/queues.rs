@@ -4,6 +4,12 @@
 //! (ACL)"): a queue the user may not read is skipped as if it did not exist. Each row names
 //! the key's holders (a few of them for a widely shared lock) and how long they have held it,
 //! so a stuck lock and its holder are found in one command.
+//!
+//! Bounded cost: a call looks at its rows and at most `waiters::QUEUES_LOOK_LIMIT` queues the
+//! caller may not read; a call that stopped there with queues left unexamined ends its reply
+//! with the status `TRUNCATED`, so an empty or short reply never reads as "nothing more
+//! waits". `PREFIX p` lists only queues whose key starts with `p`, in key order, walking the
+//! registry's by-name index from `p` on: its rows depend only on the queues under the prefix.
 
 use redis_lock_core::parse::{self, QueuesBy};
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
@@ -26,7 +32,11 @@ pub const HOLDERS_NAMED: usize = 10;
 /// skipped): with COUNT 1000, at most 64,000 entries in all, whatever the number of readers.
 const HOLDERS_LOOKED_AT: usize = 64;
 
-/// LOCK.QUEUES [BY AGE|LENGTH] [COUNT n]
+/// The last element of a reply whose walk stopped on its look limit with queues it did not
+/// look at.
+pub const TRUNCATED: &str = "TRUNCATED";
+
+/// LOCK.QUEUES [BY AGE|LENGTH] [COUNT n] [PREFIX p]
 pub struct Queues;
 
 impl Command for Queues {
@@ -39,17 +49,30 @@ impl Command for Queues {
             QueuesBy::Length => QueueOrder::Length,
         };
         let caller = Caller::of_current(ctx);
-        let top = match &caller {
+        let found = match &caller {
             // A user that no longer exists may read nothing.
-            None => Vec::new(),
-            Some(caller) => waiters::top_queues(
-                context::now_ms(),
-                order,
-                parsed.count,
-                waiters::QUEUES_LOOK_LIMIT,
-                |key| caller.may_read(key),
-            ),
+            None => waiters::QueuesFound {
+                rows: Vec::new(),
+                truncated: false,
+            },
+            Some(caller) => match parsed.prefix {
+                Some(prefix) => waiters::prefix_queues(
+                    context::now_ms(),
+                    prefix,
+                    parsed.count,
+                    waiters::QUEUES_LOOK_LIMIT,
+                    |key| caller.may_read(key),
+                ),
+                None => waiters::top_queues(
+                    context::now_ms(),
+                    order,
+                    parsed.count,
+                    waiters::QUEUES_LOOK_LIMIT,
+                    |key| caller.may_read(key),
+                ),
+            },
         };
+        let top = found.rows;
         let now = context::now_ms();
         let original_db = context::selected_db(ctx);
         let rows = top
@@ -65,8 +88,14 @@ impl Command for Queues {
                     RedisValue::Array(holders),
                 ])
             })
-            .collect();
+            .collect::<Vec<_>>();
         context::select_db(ctx, original_db);
+        let mut rows = rows;
+        if found.truncated {
+            // The walk stopped on its look limit: say so, so that fewer rows (or none) are
+            // not read as "nothing more waits".
+            rows.push(RedisValue::SimpleStringStatic(TRUNCATED));
+        }
         Ok(RedisValue::Array(rows))
     }
 }
