@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use redis_module::Context;
+use redis_module::{Context, RedisString};
 
 use crate::keys::LockKey;
 use crate::state;
@@ -157,6 +157,29 @@ pub fn run_all(ctx: &Context) {
 /// Whether (`db`, `key`) waits to be settled (no key copy while nothing does).
 pub fn is_dirty(db: i32, key: &[u8]) -> bool {
     state::with_dirty(|d| !d.is_empty() && d.contains(&(db, Box::<[u8]>::from(key))))
+}
+
+/// Opens the key of a lock command that changes it, settled: what Redis did to the key behind
+/// the module's back is dealt with first, so the command sees the key as its waiters do. The
+/// one way every such command opens its key (LOCK.ACQUIRE, RWREAD, SEMACQUIRE, RELEASE,
+/// EXTEND).
+///
+/// Opening the key may itself remove it: a holder's TTL that passed before the module's timer
+/// ran is expired by the server on this lookup, and the key's waiters are taken out to be
+/// served again ([`on_unlink`] marks it dirty). They came before this command, so the key is
+/// settled again and reopened: otherwise a request would find an empty key and be granted ahead
+/// of them (seen once in tests/semaphore.rs's FIFO run under churn, fixed in c6746d6 where only
+/// LOCK.ACQUIRE had the second settle).
+pub fn open_settled<'a>(ctx: &'a Context, key: &'a RedisString) -> LockKey<'a> {
+    let db = context::selected_db(ctx);
+    run_for(ctx, db, key.as_slice());
+    let lock_key = LockKey::open_arg(ctx, key);
+    if !is_dirty(db, key.as_slice()) {
+        return lock_key;
+    }
+    drop(lock_key);
+    run_for(ctx, db, key.as_slice());
+    LockKey::open_arg(ctx, key)
 }
 
 /// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.

@@ -11,7 +11,6 @@ use crate::errors::{
     DEADLOCK_CYCLE, KEY_VANISHED, NOT_A_LOCK, NOT_A_SEMAPHORE, QUEUE_FULL, TOO_MANY_WAITERS,
     USER_WAITERS_FULL,
 };
-use crate::keys::LockKey;
 use crate::sys::acl;
 use crate::sys::commands::Command;
 use crate::sys::context;
@@ -93,22 +92,11 @@ fn request(
         capacity,
     };
     let db = context::selected_db(ctx);
-    settle::run_for(ctx, db, key);
 
     // Inside MULTI, Lua and functions nothing may block: WAIT then acts as without WAIT.
     let may_block =
         !flags.intersects(ContextFlags::DENY_BLOCKING | ContextFlags::MULTI | ContextFlags::LUA);
-    let mut lock_key = LockKey::open_arg(ctx, key_arg);
-    // Opening the key may itself have removed it: a holder's TTL that passed before the
-    // module's timer ran is expired by the server on this lookup, and the key's waiters were
-    // taken out to be served again (`settle::on_unlink`). They came before this request, so
-    // they are queued again first; otherwise this request would find an empty key and be
-    // granted ahead of them (seen once in tests/semaphore.rs's FIFO run under churn).
-    if settle::is_dirty(db, key) {
-        drop(lock_key);
-        settle::run_for(ctx, db, key);
-        lock_key = LockKey::open_arg(ctx, key_arg);
-    }
+    let mut lock_key = settle::open_settled(ctx, key_arg);
     let queued_here = lock_key.existing_or_new()?.waiters();
     let wants_to_wait = req.wait.is_some() && may_block;
     // Only a request that may block is counted against its user's limit.

@@ -6,7 +6,6 @@ use redis_module::{Context, RedisError, RedisString};
 use crate::errors::NOT_OWNER;
 use crate::keys::LockKey;
 use crate::settle;
-use crate::sys::context;
 
 /// `COMMAND key rest...`: the key argument, and the rest as byte slices for the parsers in
 /// `redis_lock_core::parse`. The standard arity error when there is no key.
@@ -24,8 +23,7 @@ pub fn slices(args: &[RedisString]) -> Vec<&[u8]> {
 /// Opens the key of a command whose owner must hold the lock (RELEASE, EXTEND), after settling
 /// it; NOTOWNER when the key holds no lock.
 pub fn open_held<'a>(ctx: &'a Context, key: &'a RedisString) -> Result<LockKey<'a>, RedisError> {
-    settle::run_for(ctx, context::selected_db(ctx), key.as_slice());
-    let mut lock_key = LockKey::open_arg(ctx, key);
+    let mut lock_key = settle::open_settled(ctx, key);
     if lock_key.existing()?.is_none() {
         return Err(RedisError::Str(NOT_OWNER));
     }
