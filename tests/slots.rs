@@ -114,3 +114,93 @@ fn a_slot_claimed_by_another_master_sends_the_old_owners_waiters_away() {
     assert_eq!(holders(&mut cb, key), vec![("N".to_string(), 1)]);
     assert_eq!(keys_in_slot(a.port, slot), 0, "still nothing on A");
 }
+
+/// The server's flavour is Valkey 9 or later (atomic slot migration).
+fn has_atomic_slot_migration(c: &mut Connection) -> bool {
+    matches!(flavor(c), Flavor::Valkey(major, _) if major >= 9)
+}
+
+/// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`) moves a slot with a held lock, a
+/// waiter and a semaphore: the holds, their tokens, the capacity arrive on the target; the
+/// source's waiter is sent there; the source grants nothing and keeps no key.
+#[test]
+fn valkey_atomic_slot_migration_moves_the_locks_of_a_slot() {
+    let nodes = start_cluster(3);
+    let mut c0 = nodes[0].client();
+    if !has_atomic_slot_migration(&mut c0) {
+        eprintln!("skipped: the server has no CLUSTER MIGRATESLOTS (Valkey 9+)");
+        return;
+    }
+    let key = "asm:{b}";
+    let sem = "asm:{b}:sem";
+    let (a_port, reply) = follow_moved(nodes[0].port, &["LOCK.ACQUIRE", key, "H", "60000"]);
+    let Ok(Value::Int(token)) = reply else {
+        panic!("{reply:?}");
+    };
+    let a = nodes.iter().find(|n| n.port == a_port).expect("owner");
+    let b = nodes
+        .iter()
+        .find(|n| n.port != a_port)
+        .expect("another master");
+    let mut ca = a.client();
+    let sem_token = int(&mut ca, &["LOCK.SEMACQUIRE", sem, "S", "2", "60000"]);
+    let slot = key_slot(&mut ca, key);
+    let w = spawn_waiter(
+        a,
+        &mut ca,
+        &["LOCK.ACQUIRE", key, "W", "60000", "WAIT", "60000"],
+        1,
+    );
+    let grants_before = info_u64(&mut ca, "lock", "lock_grants_total");
+
+    let b_id = node_id(b.port);
+    let s = slot.to_string();
+    let reply = query(
+        &mut ca,
+        &[
+            "CLUSTER",
+            "MIGRATESLOTS",
+            "SLOTSRANGE",
+            &s,
+            &s,
+            "NODE",
+            &b_id,
+        ],
+    );
+    assert_eq!(reply, Ok(Value::Okay), "MIGRATESLOTS");
+    wait_until("the target serves the slot", || {
+        serves(a.port, slot, b.port) && serves(b.port, slot, b.port)
+    });
+
+    // The source's waiter is sent to the target; the source grants nothing.
+    wait_until("the waiter is answered", || w.is_finished());
+    let code = error_code(w.join());
+    assert!(code == "TRYAGAIN" || code == "MOVED", "{code}");
+    wait_until("the source's keys of the slot are gone", || {
+        keys_in_slot(a.port, slot) == 0
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        keys_in_slot(a.port, slot),
+        0,
+        "nothing made anew on the source"
+    );
+    assert_eq!(
+        info_u64(&mut ca, "lock", "lock_grants_total"),
+        grants_before
+    );
+
+    // The holds go on at the target, with their tokens and the semaphore's capacity.
+    let mut cb = b.client();
+    assert_eq!(holders(&mut cb, key), vec![("H".to_string(), 1)]);
+    assert_eq!(info_int(&mut cb, key, "fence"), token);
+    assert_eq!(int(&mut cb, &["LOCK.ACQUIRE", key, "H", "60000"]), token);
+    assert_eq!(holders(&mut cb, sem), vec![("S".to_string(), 1)]);
+    assert_eq!(info_int(&mut cb, sem, "capacity"), 2);
+    assert_eq!(
+        int(&mut cb, &["LOCK.SEMACQUIRE", sem, "S", "2", "60000"]),
+        sem_token
+    );
+    // A newcomer on the target queues behind H (the lock is held there, not free).
+    assert!(is_nil(&mut cb, &["LOCK.ACQUIRE", key, "N", "60000"]));
+}
