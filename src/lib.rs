@@ -82,18 +82,19 @@ mod module {
         commands::register_all(ctx, own_category)?;
         #[cfg(feature = "test-hooks")]
         commands::debug::register(ctx)?;
-        events::subscribe::<crate::events::Events>(ctx)?;
+        // Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS): the module takes part in it
+        // (see `moving`); only on Valkey, and only where the server knows the option.
+        let slot_migration =
+            cluster::known_module_options() & cluster::HANDLE_ATOMIC_SLOT_MIGRATION != 0
+                && cluster::is_valkey(ctx);
+        events::subscribe::<crate::events::Events>(ctx, slot_migration)?;
         // Marks where each command starts, to tell a MIGRATE from a DEL (see `moving`).
         filter::register::<crate::moving::CommandClock>(ctx)?;
         info::register::<stats::InfoFields>(ctx);
         // maxmemory and its policy come from the config file, read before modules load.
         crate::eviction::check_at_load();
-        // Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS): the module takes part in it
-        // (see `moving`); only on Valkey, and only where the server knows the option.
         let mut options = redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as i32;
-        if cluster::known_module_options() & cluster::HANDLE_ATOMIC_SLOT_MIGRATION != 0
-            && cluster::is_valkey(ctx)
-        {
+        if slot_migration {
             options |= cluster::HANDLE_ATOMIC_SLOT_MIGRATION;
         }
         cluster::set_module_options(ctx, options);

@@ -256,7 +256,9 @@ fn give_up(ctx: &Context, db: i32, key: &[u8], unlinked: bool) -> (u64, u64) {
             lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
         });
     }
-    let lost = u64::from(unlinked || refused > 0);
+    // Keys of a slot that an atomic slot migration exported moved (their waiters count as
+    // moved away, above); any other key lost its slot.
+    let lost = u64::from((unlinked || refused > 0) && !moving::was_exported(key));
     state::add_slot_losses(lost);
     (lost, refused)
 }

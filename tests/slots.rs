@@ -115,6 +115,46 @@ fn a_slot_claimed_by_another_master_sends_the_old_owners_waiters_away() {
     assert_eq!(keys_in_slot(a.port, slot), 0, "still nothing on A");
 }
 
+/// A slot deleted with `CLUSTER DELSLOTS` keeps its keys on the node, but nobody is served
+/// there: its waiter is sent away and nobody is granted the lock when the holder's time runs
+/// out (the timer's hand-over asks who serves the slot). A guard: the server answers such a
+/// blocked client itself, so this passes without the module's check too.
+#[test]
+fn a_deleted_slot_grants_nothing_when_a_holder_expires() {
+    let nodes = start_cluster(3);
+    let key = "slots:{c}";
+    // H's hold ends in 3 s; W waits behind it.
+    let (a_port, reply) = follow_moved(nodes[0].port, &["LOCK.ACQUIRE", key, "H", "3000"]);
+    assert!(matches!(reply, Ok(Value::Int(_))), "{reply:?}");
+    let a = nodes.iter().find(|n| n.port == a_port).expect("owner");
+    let mut ca = a.client();
+    let slot = key_slot(&mut ca, key);
+    let w = spawn_waiter(
+        a,
+        &mut ca,
+        &["LOCK.ACQUIRE", key, "W", "60000", "WAIT", "60000"],
+        1,
+    );
+    let grants_before = info_u64(&mut ca, "lock", "lock_grants_total");
+    query(&mut ca, &["CLUSTER", "DELSLOTS", &slot.to_string()]).expect("DELSLOTS");
+
+    // The server itself answers a client blocked on a key of a slot nobody serves
+    // (CLUSTERDOWN, at its next cron tick); the module's timer, if it fires first, sends it
+    // away too (TRYAGAIN). Either way nobody is granted here, before or after H's expiry.
+    wait_until("the waiter is answered", || w.is_finished());
+    let code = error_code(w.join());
+    assert!(
+        ["TRYAGAIN", "MOVED", "CLUSTERDOWN"].contains(&code.as_str()),
+        "{code}"
+    );
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(
+        info_u64(&mut ca, "lock", "lock_grants_total"),
+        grants_before
+    );
+    assert_eq!(info_u64(&mut ca, "lock", "lock_waiters"), 0);
+}
+
 /// The server's flavour is Valkey 9 or later (atomic slot migration).
 fn has_atomic_slot_migration(c: &mut Connection) -> bool {
     matches!(flavor(c), Flavor::Valkey(major, _) if major >= 9)
@@ -190,6 +230,9 @@ fn valkey_atomic_slot_migration_moves_the_locks_of_a_slot() {
         grants_before
     );
 
+    // A migration, not a loss: the waiter counts as moved away.
+    assert_eq!(info_u64(&mut ca, "lock", "lock_slot_losses_total"), 0);
+    assert_eq!(info_u64(&mut ca, "lock", "lock_migrated_waiters_total"), 1);
     // The holds go on at the target, with their tokens and the semaphore's capacity.
     let mut cb = b.client();
     assert_eq!(holders(&mut cb, key), vec![("H".to_string(), 1)]);
