@@ -150,6 +150,28 @@ pub fn was_exported(key: &[u8]) -> bool {
     })
 }
 
+/// Another node (or none) serves the slot of (`db`, `key`): every waiter queued on it here gets
+/// TRYAGAIN (counted in `migrated_waiters_total`), and `value`, if the key still holds one
+/// here, no longer lists them. Returns how many were sent away.
+pub fn refuse_waiters_unserved(db: i32, key: &[u8], value: Option<&mut LockValue>) -> u64 {
+    let queued = waiters::queued_at(db, key);
+    let refused = queued.len() as u64;
+    for (id, _) in queued {
+        waiters::refuse(id, errors::SLOT_ELSEWHERE);
+    }
+    state::add_migrated_waiters(refused);
+    if let Some(value) = value {
+        if value.waiters() > 0 {
+            let before = value.gauges();
+            value
+                .lock_mut()
+                .retain_waiters(|id| waiters::is_queued_at(id, db, key));
+            crate::stats::update_gauges(before, value.gauges());
+        }
+    }
+    refused
+}
+
 /// The command filter's receiver: a new command starts.
 pub struct CommandClock;
 

@@ -244,18 +244,12 @@ fn give_up(ctx: &Context, db: i32, key: &[u8], unlinked: bool) -> (u64, u64) {
     state::with_expired(|e| e.remove(&place));
     state::with_give_back(|g| g.remove(&place));
     let _ = eviction::take_to_notify(db, key);
-    let waiting = waiters::queued_at(db, key);
-    let refused = waiting.len() as u64;
-    for (id, _) in waiting {
-        waiters::refuse(id, errors::SLOT_ELSEWHERE);
-    }
-    state::add_migrated_waiters(refused);
     let mut lock_key = LockKey::open(ctx, key);
-    if refused > 0 && matches!(lock_key.kind(), KeyKind::Value) {
-        lock_key.apply(|lock: &mut Lock, _| {
-            lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
-        });
-    }
+    let value = match lock_key.kind() {
+        KeyKind::Value => lock_key.existing().ok().flatten(),
+        _ => None,
+    };
+    let refused = moving::refuse_waiters_unserved(db, key, value);
     // Keys of a slot that an atomic slot migration exported moved (their waiters count as
     // moved away, above); any other key lost its slot.
     let lost = u64::from((unlinked || refused > 0) && !moving::was_exported(key));

@@ -191,11 +191,12 @@ fn fire_now(ctx: &Context, target: &Target) {
     }
     // In a cluster, only while this node serves the key's slot: no expiry hand-over, no end of
     // a lock delay, in a slot another node serves (or none does, or the cluster is down). The
-    // key's waiters are sent where the key now lives (`settle`); the timer looks again later,
+    // key's waiters are sent where the key now lives (`moving`); the timer looks again later,
     // for a slot that comes (back) to this node (an import that ends, a slot assigned again).
     if cluster::serving(ctx, &target.key) != Serving::Here {
-        if !waiters::queued_at(target.db, &target.key).is_empty() {
-            crate::settle::mark_dirty(target.db, &target.key);
+        let refused = crate::moving::refuse_waiters_unserved(target.db, &target.key, Some(value));
+        if refused > 0 {
+            state::add_slot_losses(u64::from(!crate::moving::was_exported(&target.key)));
         }
         arm_retry(ctx, target.db, &target.key, value);
         return;
