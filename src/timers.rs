@@ -191,13 +191,11 @@ fn fire_now(ctx: &Context, target: &Target) {
     }
     // In a cluster, only while this node serves the key's slot: no expiry hand-over, no end of
     // a lock delay, in a slot another node serves (or none does, or the cluster is down). The
-    // key's waiters are sent where the key now lives (`moving`); the timer looks again later,
-    // for a slot that comes (back) to this node (an import that ends, a slot assigned again).
+    // timer looks again later: a slot being imported here becomes this node's when the import
+    // ends (its waiters, queued with ASKING, are served then), and the server itself answers
+    // clients blocked on keys of a slot it no longer serves (-MOVED, -CLUSTERDOWN). Keys the
+    // server deletes there are settled (`settle`).
     if cluster::serving(ctx, &target.key) != Serving::Here {
-        let refused = crate::moving::refuse_waiters_unserved(target.db, &target.key, Some(value));
-        if refused > 0 {
-            state::add_slot_losses(u64::from(!crate::moving::was_exported(&target.key)));
-        }
         arm_retry(ctx, target.db, &target.key, value);
         return;
     }
