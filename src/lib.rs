@@ -49,7 +49,9 @@ mod module {
     use redis_module::configuration::ConfigurationFlags;
     use redis_module::{redis_module, Context, RedisString, Status};
 
-    use crate::sys::{api, commands::add_module_acl_category, context, events, filter, info};
+    use crate::sys::{
+        api, cluster, commands::add_module_acl_category, context, events, filter, info,
+    };
     use crate::value::LOCK_TYPE;
     use crate::{commands, metadata, stats};
 
@@ -66,6 +68,7 @@ mod module {
     fn setup(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
         api::check()?;
         context::init_detached_context(ctx);
+        cluster::init(ctx);
         let words: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
         // The crate already applied them as the configs' defaults (before this runs); here they
         // are only checked, so a bad one fails the load with its reason.
@@ -79,13 +82,22 @@ mod module {
         commands::register_all(ctx, own_category)?;
         #[cfg(feature = "test-hooks")]
         commands::debug::register(ctx)?;
-        events::subscribe::<crate::events::Events>(ctx)?;
+        // Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS): the module takes part in it
+        // (see `moving`); only on Valkey, and only where the server knows the option.
+        let slot_migration =
+            cluster::known_module_options() & cluster::HANDLE_ATOMIC_SLOT_MIGRATION != 0
+                && cluster::is_valkey(ctx);
+        events::subscribe::<crate::events::Events>(ctx, slot_migration)?;
         // Marks where each command starts, to tell a MIGRATE from a DEL (see `moving`).
         filter::register::<crate::moving::CommandClock>(ctx)?;
         info::register::<stats::InfoFields>(ctx);
         // maxmemory and its policy come from the config file, read before modules load.
         crate::eviction::check_at_load();
-        ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+        let mut options = redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as i32;
+        if slot_migration {
+            options |= cluster::HANDLE_ATOMIC_SLOT_MIGRATION;
+        }
+        cluster::set_module_options(ctx, options);
         Ok(())
     }
 

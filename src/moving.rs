@@ -73,6 +73,105 @@ pub fn refuse_waiters(db: i32, key: &[u8]) {
     }
 }
 
+/// How many hash slots a cluster has.
+const SLOTS: usize = 16384;
+
+/// The hash slot of `key`, as Redis Cluster computes it: CRC16 (XMODEM) of the key, or of its
+/// hash tag (what lies between the first `{` and the next `}`, when not empty), modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = key.get(open + 1..)?;
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| rest.get(..close)).flatten()
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS as u16
+}
+
+thread_local! {
+    /// Slots that Valkey's atomic slot migration exported from this node, one bit each: their
+    /// keys, deleted by the server after the export, moved (they were not lost). A slot's bit
+    /// is cleared when an import of it starts here.
+    static EXPORTED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn mark_slots(ranges: &[(u16, u16)], exported: bool) {
+    EXPORTED.with(|e| {
+        let mut bits = e.borrow_mut();
+        if bits.is_empty() {
+            bits.resize(SLOTS / 64, 0);
+        }
+        for &(start, end) in ranges {
+            for slot in start..=end.min(SLOTS as u16 - 1) {
+                if let Some(word) = bits.get_mut(usize::from(slot) / 64) {
+                    let bit = 1u64 << (slot % 64);
+                    if exported {
+                        *word |= bit;
+                    } else {
+                        *word &= !bit;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// An atomic slot migration exported these slots (Valkey 9, export completed).
+pub fn note_slots_exported(ranges: &[(u16, u16)]) {
+    mark_slots(ranges, true);
+}
+
+/// An atomic slot migration starts importing these slots here (Valkey 9).
+pub fn note_slots_importing(ranges: &[(u16, u16)]) {
+    mark_slots(ranges, false);
+}
+
+/// Was `key`'s slot exported by an atomic slot migration (its keys here moved away)?
+pub fn was_exported(key: &[u8]) -> bool {
+    EXPORTED.with(|e| {
+        let bits = e.borrow();
+        let slot = usize::from(key_slot(key));
+        bits.get(slot / 64)
+            .is_some_and(|w| w & (1u64 << (slot % 64)) != 0)
+    })
+}
+
+/// Another node (or none) serves the slot of (`db`, `key`): every waiter queued on it here gets
+/// TRYAGAIN (counted in `migrated_waiters_total`), and `value`, if the key still holds one
+/// here, no longer lists them. Returns how many were sent away.
+pub fn refuse_waiters_unserved(db: i32, key: &[u8], value: Option<&mut LockValue>) -> u64 {
+    let queued = waiters::queued_at(db, key);
+    let refused = queued.len() as u64;
+    for (id, _) in queued {
+        waiters::refuse(id, errors::SLOT_ELSEWHERE);
+    }
+    state::add_migrated_waiters(refused);
+    if let Some(value) = value {
+        if value.waiters() > 0 {
+            let before = value.gauges();
+            value
+                .lock_mut()
+                .retain_waiters(|id| waiters::is_queued_at(id, db, key));
+            crate::stats::update_gauges(before, value.gauges());
+        }
+    }
+    refused
+}
+
 /// The command filter's receiver: a new command starts.
 pub struct CommandClock;
 
@@ -146,6 +245,33 @@ mod tests {
         forget_serialized();
         assert!(!is_moved_away(&v));
         assert!(!state::any_serialized());
+    }
+
+    #[test]
+    fn key_slots_match_redis_cluster() {
+        // Figures from CLUSTER KEYSLOT.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        // An empty tag hashes the whole key; only the first tag counts; an unclosed one does
+        // not count.
+        assert_eq!(key_slot(b"foo{}{bar}"), 8363);
+        assert_eq!(key_slot(b"{}x"), 10595);
+        assert_eq!(key_slot(b"foo{bar}{zap}"), 5061);
+        assert_eq!(key_slot(b"a{b"), 13340);
+        assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn exported_slots_are_remembered_until_an_import_starts() {
+        assert!(!was_exported(b"foo"));
+        note_slots_exported(&[(12180, 12190), (16383, 16383)]);
+        assert!(was_exported(b"foo"));
+        assert!(!was_exported(b"bar"));
+        note_slots_importing(&[(12182, 12182)]);
+        assert!(!was_exported(b"foo"));
+        // Out-of-range ends are clipped, not a panic.
+        note_slots_exported(&[(16000, u16::MAX)]);
     }
 
     #[test]

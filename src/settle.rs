@@ -19,6 +19,7 @@ use redis_module::{Context, RedisString};
 
 use crate::keys::LockKey;
 use crate::state;
+use crate::sys::cluster::{self, Serving};
 use crate::sys::context;
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
@@ -38,6 +39,10 @@ pub fn schedule() {
 
 /// How often a settle pass looks again while clients are paused.
 const PAUSE_RETRY: Duration = Duration::from_millis(10);
+
+/// How often a settle pass looks again at keys it could not settle because the cluster was
+/// down.
+const CLUSTER_DOWN_RETRY: Duration = Duration::from_millis(100);
 
 fn schedule_after(delay: Duration) {
     if state::replace_settle_scheduled(true) {
@@ -99,6 +104,13 @@ pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     if had_waiters || (holders > 0 && all_expired) {
         mark_dirty(db, key);
     }
+    // In a cluster the server also deletes keys itself when their slot went to another node
+    // (a "dirty slot", FLUSHSLOT): the settle pass asks who serves the slot now and counts
+    // the loss if it is not this node. (Not for MIGRATE, handled above.)
+    if cluster::enabled() && (had_waiters || holders > 0) {
+        state::with_unlinked(|u| u.insert((db, key.into())));
+        mark_dirty(db, key);
+    }
 }
 
 /// FLUSHDB (`db`) or FLUSHALL (-1): every waited-on key there is settled.
@@ -137,6 +149,7 @@ fn run_timer(ctx: &Context, _: ()) {
 pub fn run_all(ctx: &Context) {
     let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
+        state::with_unlinked(|u| u.clear());
         state::with_expired(|e| e.clear());
         state::with_give_back(|g| g.clear());
         eviction::forget_pending();
@@ -144,12 +157,14 @@ pub fn run_all(ctx: &Context) {
         return;
     }
     let original_db = context::selected_db(ctx);
+    let mut lost = Lost::default();
     for (db, key) in dirty {
         if context::select_db(ctx, db) {
-            settle(ctx, db, &key);
+            lost.add(settle(ctx, db, &key));
         }
     }
     context::select_db(ctx, original_db);
+    lost.log(ctx);
     // Every key of a closed connection was marked dirty when it closed, and is settled by now.
     bound::forget_gone();
 }
@@ -191,11 +206,83 @@ pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
         !d.is_empty() && !context::writes_paused() && d.remove(&(db, Box::<[u8]>::from(key)))
     });
     if was_dirty {
-        settle(ctx, db, key);
+        let mut lost = Lost::default();
+        lost.add(settle(ctx, db, key));
+        lost.log(ctx);
     }
 }
 
-fn settle(ctx: &Context, db: i32, key: &[u8]) {
+/// What a settle pass gave up because another node serves the keys' slots: keys, waiters.
+#[derive(Default)]
+struct Lost {
+    keys: u64,
+    waiters: u64,
+}
+
+impl Lost {
+    fn add(&mut self, (keys, waiters): (u64, u64)) {
+        self.keys = self.keys.saturating_add(keys);
+        self.waiters = self.waiters.saturating_add(waiters);
+    }
+
+    /// One log line per pass (a lost slot may hold many lock keys).
+    fn log(&self, ctx: &Context) {
+        if self.keys > 0 {
+            ctx.log_warning(&format!(
+                "lock: {} lock key(s) gone from hash slots this node no longer serves \
+                 (another node claimed the slot, or it was deleted); their holds are lost \
+                 here and {} waiter(s) were answered TRYAGAIN",
+                self.keys, self.waiters
+            ));
+        }
+    }
+}
+
+/// Settles (`db`, `key`); returns what it gave up to another node: (keys, waiters).
+fn settle(ctx: &Context, db: i32, key: &[u8]) -> (u64, u64) {
+    let unlinked =
+        state::with_unlinked(|u| !u.is_empty() && u.remove(&(db, Box::<[u8]>::from(key))));
+    match cluster::serving(ctx, key) {
+        Serving::Here => {}
+        Serving::Elsewhere => return give_up(ctx, db, key, unlinked),
+        Serving::ClusterDown => {
+            // Nobody may be served while the cluster is down: the key stays dirty.
+            if unlinked {
+                state::with_unlinked(|u| u.insert((db, key.into())));
+            }
+            state::with_dirty(|d| d.insert((db, key.into())));
+            schedule_after(CLUSTER_DOWN_RETRY);
+            return (0, 0);
+        }
+    }
+    settle_served(ctx, db, key);
+    (0, 0)
+}
+
+/// Another node (or none) serves (`db`, `key`)'s slot: nothing is granted or made here. Its
+/// waiters are answered TRYAGAIN, as after a MIGRATE; what was noted for the key (expiries to
+/// count, grants to give back, an eviction) is dropped with it. A lock value still here (a slot
+/// deleted with DELSLOTS, a key imported but not yet served) keeps its holds and its timer;
+/// only the waiters leave it. Returns (1 if the key is counted as lost, waiters answered).
+fn give_up(ctx: &Context, db: i32, key: &[u8], unlinked: bool) -> (u64, u64) {
+    let place = (db, Box::<[u8]>::from(key));
+    state::with_expired(|e| e.remove(&place));
+    state::with_give_back(|g| g.remove(&place));
+    let _ = eviction::take_to_notify(db, key);
+    let mut lock_key = LockKey::open(ctx, key);
+    let value = match lock_key.kind() {
+        KeyKind::Value => lock_key.existing().ok().flatten(),
+        _ => None,
+    };
+    let refused = moving::refuse_waiters_unserved(db, key, value);
+    // Keys of a slot that an atomic slot migration exported moved (their waiters count as
+    // moved away, above); any other key lost its slot.
+    let lost = u64::from((unlinked || refused > 0) && !moving::was_exported(key));
+    state::add_slot_losses(lost);
+    (lost, refused)
+}
+
+fn settle_served(ctx: &Context, db: i32, key: &[u8]) {
     let mut lock_key = LockKey::open(ctx, key);
     let expired = state::with_expired(|e| {
         if e.is_empty() {

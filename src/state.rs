@@ -451,6 +451,26 @@ pub fn set_any_serialized(any: bool) {
     ANY_SERIALIZED.store(any, std::sync::atomic::Ordering::Relaxed);
 }
 
+thread_local! {
+    /// Keys whose lock value left with holders or waiters in a cluster, to be checked when
+    /// settled: did the slot go to another node (`settle`)?
+    static UNLINKED: RefCell<BTreeSet<DbKey>> = const { RefCell::new(BTreeSet::new()) };
+    /// Lock keys this node gave up because another node (or none) serves their slot (INFO).
+    static SLOT_LOSSES: Cell<u64> = const { Cell::new(0) };
+}
+
+pub fn with_unlinked<R>(f: impl FnOnce(&mut BTreeSet<DbKey>) -> R) -> R {
+    UNLINKED.with(|u| f(&mut u.borrow_mut()))
+}
+
+pub fn slot_losses() -> u64 {
+    SLOT_LOSSES.with(|m| m.get())
+}
+
+pub fn add_slot_losses(n: u64) {
+    SLOT_LOSSES.with(|m| m.set(m.get().saturating_add(n)));
+}
+
 pub fn migrated_waiters() -> u64 {
     MIGRATED_WAITERS.with(|m| m.get())
 }

@@ -342,6 +342,9 @@ impl InfoSource for InfoFields {
         });
         // Waiters answered TRYAGAIN because MIGRATE (cluster resharding) moved their key away.
         add("migrated_waiters_total", crate::state::migrated_waiters());
+        // Lock keys given up because another node (or none) now serves their hash slot
+        // (`settle`): their waiters were answered TRYAGAIN, their holds are gone here.
+        add("slot_losses_total", crate::state::slot_losses());
         // Lock-value allocations moved by active defragmentation (`defrag`).
         add("defrag_moves_total", crate::defrag::moves_total());
         // What this build is and writes, for upgrade and rollback checks (docs/operations.md):

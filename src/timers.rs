@@ -20,6 +20,7 @@ use std::time::Duration;
 use redis_module::{Context, ContextFlags};
 
 use crate::keys::LockKey;
+use crate::sys::cluster::{self, Serving};
 use crate::sys::context;
 use crate::value::{ArmedTimer, LockValue};
 use crate::{state, waiters};
@@ -88,6 +89,27 @@ pub fn arm(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
         at,
         db,
         key_hash: hash,
+    });
+}
+
+/// How long a timer waits before it looks again at a key whose slot this node does not serve.
+const UNSERVED_RETRY: Millis = 1_000;
+
+/// Arms `value`'s timer [`UNSERVED_RETRY`] from now, whatever its holders' expiries.
+fn arm_retry(ctx: &Context, db: i32, key: &[u8], value: &mut LockValue) {
+    stop(ctx, value);
+    let at = context::now_ms().saturating_add(UNSERVED_RETRY);
+    let target = Target {
+        db,
+        key: key.into(),
+        at,
+    };
+    let id = ctx.create_timer(Duration::from_millis(UNSERVED_RETRY), fire, target);
+    value.set_timer(ArmedTimer {
+        id,
+        at,
+        db,
+        key_hash: key_hash(key),
     });
 }
 
@@ -165,6 +187,16 @@ fn fire_now(ctx: &Context, target: &Target) {
     }
     value.take_timer();
     if replica {
+        return;
+    }
+    // In a cluster, only while this node serves the key's slot: no expiry hand-over, no end of
+    // a lock delay, in a slot another node serves (or none does, or the cluster is down). The
+    // timer looks again later: a slot being imported here becomes this node's when the import
+    // ends (its waiters, queued with ASKING, are served then), and the server itself answers
+    // clients blocked on keys of a slot it no longer serves (-MOVED, -CLUSTERDOWN). Keys the
+    // server deletes there are settled (`settle`).
+    if cluster::serving(ctx, &target.key) != Serving::Here {
+        arm_retry(ctx, target.db, &target.key, value);
         return;
     }
     key.apply(|lock, step| {

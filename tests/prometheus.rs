@@ -242,13 +242,15 @@ fn workload(server: &Server, c: &mut Connection) -> Waiter {
 
 /// The states the workload leads each documented alert to (a rule missing here fails the test,
 /// so a new rule needs its expected state).
-const ALERT_STATES: [(&str, &str); 7] = [
+const ALERT_STATES: [(&str, &str); 8] = [
     // The client left waiting is served before the rules are checked.
     ("LockWaiterStuck", "inactive"),
     ("LockMetricsMissing", "inactive"),
     // maxmemory-policy allkeys-lru; `for: 10m`.
     ("LockEvictable", "pending"),
     ("LockEvicted", "inactive"),
+    // Not a cluster: no slot changes hands.
+    ("LockSlotLost", "inactive"),
     ("LockWaitersRefused", "firing"),
     ("LockDeadlocksRefused", "firing"),
     // 1 expiry of about a dozen holds ended; `for: 15m`.

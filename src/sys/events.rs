@@ -9,7 +9,7 @@ use super::context::{selected_db, with_bytes};
 use super::guard::guard_silent;
 
 /// A server event the module follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerEvent {
     /// FLUSHDB (`db`) or FLUSHALL (`db` = -1) finished, also inside DEBUG RELOAD or a full
     /// sync. Values were freed without unlink.
@@ -30,6 +30,11 @@ pub enum ServerEvent {
     /// CONFIG SET changed settings; `memory` says whether `maxmemory` or
     /// `maxmemory-policy` was among them.
     ConfigChanged { memory: bool },
+    /// Valkey 9's atomic slot migration: an export of these slot ranges (inclusive) to
+    /// another node completed here; the server deletes their keys next.
+    SlotsExported { ranges: Vec<(u16, u16)> },
+    /// Valkey 9's atomic slot migration: an import of these slot ranges started here.
+    SlotsImportStarted { ranges: Vec<(u16, u16)> },
 }
 
 /// Receives the events. Every method runs inside the panic guard.
@@ -61,6 +66,48 @@ const NOW_REPLICA: u64 = 1;
 
 /// REDISMODULE_SUBEVENT_CONFIG_CHANGE.
 const CONFIG_CHANGE: u64 = 0;
+
+/// Subevents of Valkey 9's atomic slot migration event (`super::cluster`), from Valkey 9's
+/// `src/valkeymodule.h`: IMPORT_STARTED 0, EXPORT_STARTED 1, IMPORT_ABORTED 2, EXPORT_ABORTED 3,
+/// IMPORT_COMPLETED 4, EXPORT_COMPLETED 5.
+const ASM_IMPORT_STARTED: u64 = 0;
+const ASM_EXPORT_COMPLETED: u64 = 5;
+
+/// ValkeyModuleSlotRange (Valkey 9): an inclusive range of slots.
+#[repr(C)]
+struct SlotRange {
+    start: c_int,
+    end: c_int,
+}
+
+/// ValkeyModuleAtomicSlotMigrationInfoV1 (Valkey 9).
+#[repr(C)]
+struct SlotMigrationInfo {
+    version: u64,
+    job_name: [std::ffi::c_char; 41],
+    slot_ranges: *const SlotRange,
+    num_slot_ranges: u32,
+}
+
+/// The slot ranges of a slot-migration event's data (empty when there is none).
+fn slot_ranges(data: *mut c_void) -> Vec<(u16, u16)> {
+    // SAFETY: for the atomic slot migration event Valkey passes a
+    // ValkeyModuleAtomicSlotMigrationInfoV1 that lives during the callback.
+    let Some(info) = (unsafe { (data as *const SlotMigrationInfo).as_ref() }) else {
+        return Vec::new();
+    };
+    if info.slot_ranges.is_null() {
+        return Vec::new();
+    }
+    (0..info.num_slot_ranges as usize)
+        .filter_map(|i| {
+            // SAFETY: slot_ranges points to num_slot_ranges ranges, live during the callback;
+            // i is below num_slot_ranges.
+            let r = unsafe { &*info.slot_ranges.add(i) };
+            Some((u16::try_from(r.start).ok()?, u16::try_from(r.end).ok()?))
+        })
+        .collect()
+}
 
 /// The names a CONFIG SET changed (RedisModuleConfigChangeV1): does any of them bear on
 /// eviction? Redis passes each setting's canonical name.
@@ -124,6 +171,16 @@ fn typed(eid: u64, sub: u64, data: *mut c_void) -> Option<ServerEvent> {
         raw::REDISMODULE_EVENT_CONFIG if sub == CONFIG_CHANGE => Some(ServerEvent::ConfigChanged {
             memory: changes_memory_settings(data),
         }),
+        super::cluster::EVENT_ATOMIC_SLOT_MIGRATION if sub == ASM_EXPORT_COMPLETED => {
+            Some(ServerEvent::SlotsExported {
+                ranges: slot_ranges(data),
+            })
+        }
+        super::cluster::EVENT_ATOMIC_SLOT_MIGRATION if sub == ASM_IMPORT_STARTED => {
+            Some(ServerEvent::SlotsImportStarted {
+                ranges: slot_ranges(data),
+            })
+        }
         _ => None,
     }
 }
@@ -142,6 +199,7 @@ extern "C" fn on_server_event<H: EventHandler>(
         raw::REDISMODULE_EVENT_CLIENT_CHANGE => "client event",
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => "role change event",
         raw::REDISMODULE_EVENT_CONFIG => "config event",
+        super::cluster::EVENT_ATOMIC_SLOT_MIGRATION => "slot migration event",
         _ => "server event",
     };
     guard_silent(what, || {
@@ -170,16 +228,21 @@ extern "C" fn on_keyspace_event<H: EventHandler>(
     0
 }
 
-/// Subscribes `H` to the events above. Called once from OnLoad.
-pub fn subscribe<H: EventHandler>(ctx: &Context) -> Result<(), String> {
-    for id in [
+/// Subscribes `H` to the events above. Called once from OnLoad. `slot_migration`: also to
+/// Valkey 9's atomic slot migration event (only where the server has it).
+pub fn subscribe<H: EventHandler>(ctx: &Context, slot_migration: bool) -> Result<(), String> {
+    let mut ids = vec![
         raw::REDISMODULE_EVENT_FLUSHDB,
         raw::REDISMODULE_EVENT_SWAPDB,
         raw::REDISMODULE_EVENT_LOADING,
         raw::REDISMODULE_EVENT_CLIENT_CHANGE,
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
         raw::REDISMODULE_EVENT_CONFIG,
-    ] {
+    ];
+    if slot_migration {
+        ids.push(super::cluster::EVENT_ATOMIC_SLOT_MIGRATION);
+    }
+    for id in ids {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: ctx is OnLoad's; the callback is a 'static function.
         let rc = unsafe {

@@ -20,6 +20,7 @@ pub mod acl;
 pub mod alloc;
 pub mod api;
 pub mod blocked;
+pub mod cluster;
 pub mod commands;
 pub mod context;
 pub mod datatype;
