@@ -32,6 +32,9 @@ thread_local! {
     static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
     /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+    /// The keys of closed connections that had many bound holds, one set per connection, moved
+    /// here whole when the connection closed and settled a slice at a time (`settle`).
+    static CLOSED: RefCell<Vec<BTreeSet<DbKey>>> = const { RefCell::new(Vec::new()) };
     /// Holders of keys that have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// The module-wide source of fencing tokens (`stats`; persisted as RDB aux data).
@@ -91,6 +94,24 @@ pub fn with_bound<R>(f: impl FnOnce(&mut HashMap<u64, BTreeSet<DbKey>>) -> R) ->
 
 pub fn with_gone<R>(f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
     GONE.with(|g| f(&mut g.borrow_mut()))
+}
+
+/// Is `CLOSED` non-empty? A plain static, read by every lock command (see `ANY_SERIALIZED`).
+static ANY_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn any_closed() -> bool {
+    ANY_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Runs `f` with the key sets of closed connections still to settle (oldest first; `f`
+/// drops the sets it empties).
+pub fn with_closed<R>(f: impl FnOnce(&mut Vec<BTreeSet<DbKey>>) -> R) -> R {
+    CLOSED.with(|c| {
+        let mut sets = c.borrow_mut();
+        let r = f(&mut sets);
+        ANY_CLOSED.store(!sets.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        r
+    })
 }
 
 pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
