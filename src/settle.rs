@@ -27,6 +27,7 @@ use redis_module::Context;
 use crate::keys::LockKey;
 use crate::state;
 use crate::sys::context;
+use crate::sys::events::{wake_soon, SoonHandler};
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
 use crate::{bound, contention, errors, eviction, moving, stats, waiters};
@@ -146,6 +147,34 @@ pub fn on_swapdb(a: i32, b: i32) {
     }
 }
 
+/// The pass after a slice. A timer armed from a timer callback waits at least 1 ms (Redis
+/// rounds the wait of its module timers up to whole milliseconds), which would leave the
+/// server idle between slices; instead the loop is woken at once, and the timer armed then
+/// (outside any timer callback) is due on that same turn, after the clients' own events.
+pub struct NextSlice;
+
+impl SoonHandler for NextSlice {
+    fn soon() {
+        match context::detached_context() {
+            Some(ctx) => {
+                ctx.create_timer(Duration::ZERO, run_timer, ());
+            }
+            None => {
+                state::replace_settle_scheduled(false);
+            }
+        }
+    }
+}
+
+/// Some keys are left after a slice: the next pass runs on the next turn of the event loop.
+fn continue_next_turn(ctx: &Context) {
+    // Taken as scheduled: keys marked dirty meanwhile arm nothing of their own.
+    state::replace_settle_scheduled(true);
+    if !wake_soon::<NextSlice>() {
+        ctx.create_timer(Duration::ZERO, run_timer, ());
+    }
+}
+
 fn run_timer(ctx: &Context, _: ()) {
     crate::sys::guard::guard_silent("settle timer", || {
         state::replace_settle_scheduled(false);
@@ -188,7 +217,7 @@ pub fn run_all(ctx: &Context) {
     }
     context::select_db(ctx, original_db);
     if more {
-        schedule();
+        continue_next_turn(ctx);
     } else {
         // Every key of a closed connection was marked dirty or handed over when it closed,
         // and is settled by now.
