@@ -133,6 +133,24 @@ pub fn with_expired<R>(f: impl FnOnce(&mut BTreeMap<DbKey, u64>) -> R) -> R {
     EXPIRED.with(|e| f(&mut e.borrow_mut()))
 }
 
+thread_local! {
+    /// The timer armed to wake the event loop at the earliest waiter deadline, with when it
+    /// fires (module clock, ms) (`deadlines`).
+    static WAKE: Cell<Option<(redis_module::RedisModuleTimerID, u64)>> = const { Cell::new(None) };
+}
+
+/// Sets the deadline wake-up timer; returns the one there was.
+pub fn replace_wake(
+    wake: Option<(redis_module::RedisModuleTimerID, u64)>,
+) -> Option<(redis_module::RedisModuleTimerID, u64)> {
+    WAKE.with(|w| w.replace(wake))
+}
+
+/// The deadline wake-up timer, if one is armed.
+pub fn wake() -> Option<(redis_module::RedisModuleTimerID, u64)> {
+    WAKE.with(|w| w.get())
+}
+
 /// Sets whether a settle pass is scheduled; returns what it was.
 pub fn replace_settle_scheduled(scheduled: bool) -> bool {
     SETTLE_SCHEDULED.with(|s| s.replace(scheduled))
@@ -178,6 +196,8 @@ pub struct Entry {
     pub client_id: u64,
     /// When it was queued (module clock, ms): for LOCK.INFO and the wait-time figures.
     pub queued_at: u64,
+    /// When its WAIT timeout passes (module clock, ms; 0 = never): see `deadlines`.
+    pub deadline: u64,
     pub db: i32,
     pub key: Box<[u8]>,
     pub waiter: Waiter,
@@ -205,6 +225,9 @@ pub struct Registry {
     /// Blocked clients per ACL user (queued, or granted with the reply pending), for
     /// `lock.max-waiters-per-user`.
     pub by_user: HashMap<Box<[u8]>, usize>,
+    /// Queued waiters with a WAIT timeout, by deadline: the first is when the event loop must
+    /// wake (`deadlines`).
+    pub by_deadline: BTreeSet<(u64, WaiterId)>,
 }
 
 impl Registry {
@@ -218,6 +241,9 @@ impl Registry {
         if let Some(user) = &entry.user {
             *self.by_user.entry(user.clone()).or_default() += 1;
         }
+        if entry.deadline != 0 {
+            self.by_deadline.insert((entry.deadline, id));
+        }
         if entry.waiter.mode != Mode::Permit {
             self.by_owner
                 .entry(entry.waiter.owner.clone())
@@ -228,7 +254,10 @@ impl Registry {
     }
 
     /// Takes a waiter that leaves the queue out of the by-key and by-owner indexes.
-    fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8]) {
+    fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8], deadline: u64) {
+        if deadline != 0 {
+            self.by_deadline.remove(&(deadline, id));
+        }
         let k = (db, Box::<[u8]>::from(key));
         let before = self.queue_rank(&k);
         if let Some(set) = self.by_key.get_mut(&k) {
@@ -281,7 +310,13 @@ impl Registry {
             }
         }
         if entry.state == WaitState::Queued {
-            self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
+            self.unindex(
+                id,
+                entry.db,
+                &entry.key,
+                &entry.waiter.owner,
+                entry.deadline,
+            );
         }
         Some(entry)
     }
@@ -316,7 +351,8 @@ impl Registry {
         entry.state = state;
         let client = entry.client.take();
         let (db, key, owner) = (entry.db, entry.key.clone(), entry.waiter.owner.clone());
-        self.unindex(id, db, &key, &owner);
+        let deadline = entry.deadline;
+        self.unindex(id, db, &key, &owner, deadline);
         client
     }
 }
