@@ -11,10 +11,10 @@ time it took (INFO cpu).
 Usage: scripts/bound-close-cost.py PORT HOLDS WAITED [ROUNDS]
 (start the server with --maxclients above WAITED + 3)
 """
+import multiprocessing
 import os
 import socket
 import sys
-import threading
 import time
 
 port, holds, waited = (int(a) for a in sys.argv[1:4])
@@ -62,6 +62,21 @@ def cpu(s):
     return sum(info_int(s, f, "cpu") for f in ("used_cpu_sys_main_thread", "used_cpu_user_main_thread"))
 
 
+def pinger(stop, started, into):
+    """PING after PING until `stop`; sends back each round trip as (start, seconds), on the
+    monotonic clock that the parent reads too."""
+    p = connect()
+    rtts = []
+    started.set()
+    while not stop.is_set():
+        t = time.perf_counter()
+        p.sendall(b"PING\r\n")
+        read_lines(p, 1)
+        rtts.append((t, time.perf_counter() - t))
+    into.send(rtts)
+    p.close()
+
+
 admin = connect()
 for r in range(rounds):
     call(admin, "FLUSHALL")
@@ -83,24 +98,17 @@ for r in range(rounds):
         w.sendall(cmd("LOCK.ACQUIRE", "%s%07d" % (prefix, i), "w", 600000, "WAIT", 0))
         waiters.append(w)
     time.sleep(0.5)
-    pings = []
-    stop = threading.Event()
-
-    def pinger():
-        p = connect()
-        while not stop.is_set():
-            t = time.perf_counter()
-            p.sendall(b"PING\r\n")
-            read_lines(p, 1)
-            pings.append(time.perf_counter() - t)
-        p.close()
-
-    th = threading.Thread(target=pinger)
+    # The pinger is its own process, so that nothing in this one (Python's lock between
+    # threads) delays its round trips.
+    stop = multiprocessing.Event()
+    started = multiprocessing.Event()
+    out, into = multiprocessing.Pipe(duplex=False)
+    th = multiprocessing.Process(target=pinger, args=(stop, started, into))
     ping = r % 2 == 0
     if ping:
         th.start()
+        started.wait()
     time.sleep(float(os.environ.get("BOUND_CLOSE_PAUSE", "0.2")))
-    idle = len(pings)
     cpu0 = cpu(admin)
     t0 = time.perf_counter()
     call(admin, "CLIENT", "KILL", "ID", holder_id)
@@ -112,15 +120,19 @@ for r in range(rounds):
     cpu1 = cpu(admin)
     stop.set()
     if ping:
+        rtts = out.recv()
         th.join()
+        # Round trips that overlap the close, and those that ended before it.
+        during = sorted(d for (t, d) in rtts if t + d >= t0 and t <= t0 + t_all)
+        before_close = [d for (t, d) in rtts if t + d < t0]
     ended = int(info_int(admin, "lock_disconnects_total") - before)
     line = (f"round {r}: {holds} bound holds, {waited} waited: last key's waiter served after "
             f"{t_last * 1000:.1f} ms (all waiters {t_all * 1000:.1f} ms), {ended} holds ended; ")
     if ping:
-        during = sorted(pings[idle:])
-        idle_max = max(pings[:idle]) if idle else 0.0
+        idle_max = max(before_close) if before_close else 0.0
         line += (f"PING during the close: {len(during)} round trips, "
-                 f"p50 {during[len(during) // 2] * 1e3:.3f} ms, max {during[-1] * 1e3:.3f} ms "
+                 f"p50 {during[len(during) // 2] * 1e3:.3f} ms, "
+                 f"p99 {during[len(during) * 99 // 100] * 1e3:.3f} ms, max {during[-1] * 1e3:.3f} ms "
                  f"(before the close: max {idle_max * 1e3:.3f} ms)")
     else:
         line += f"no PING; server main-thread CPU {(cpu1 - cpu0) * 1e3:.1f} ms"
