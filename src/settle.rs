@@ -206,9 +206,13 @@ pub fn run_all(ctx: &Context) {
     let started = Instant::now();
     let original_db = context::selected_db(ctx);
     let mut more = false;
-    while let Some((db, key)) = next_key() {
+    while let Some((closed, (db, key))) = next_key() {
         if context::select_db(ctx, db) {
-            settle(ctx, db, &key);
+            if closed {
+                end_closed(ctx, db, &key);
+            } else {
+                settle(ctx, db, &key);
+            }
         }
         if started.elapsed() >= SLICE {
             more = true;
@@ -225,10 +229,10 @@ pub fn run_all(ctx: &Context) {
     }
 }
 
-/// The next key a pass settles: a dirty one, else one of a closed connection.
-fn next_key() -> Option<state::DbKey> {
+/// The next key a pass settles: a dirty one, else one of a closed connection (`true`).
+fn next_key() -> Option<(bool, state::DbKey)> {
     if let Some(key) = state::with_dirty(|d| d.pop_first()) {
-        return Some(key);
+        return Some((false, key));
     }
     if !state::any_closed() {
         return None;
@@ -236,12 +240,25 @@ fn next_key() -> Option<state::DbKey> {
     state::with_closed(|sets| {
         while let Some(first) = sets.first_mut() {
             if let Some(key) = first.pop_first() {
-                return Some(key);
+                return Some((true, key));
             }
             sets.remove(0);
         }
         None
     })
+}
+
+/// Ends the bound holds of closed connections on (`db`, `key`), a key that is not dirty (a
+/// dirty key is settled in full first, by the pass or by a command): only that, and serving
+/// its queue.
+fn end_closed(ctx: &Context, db: i32, key: &[u8]) {
+    let mut lock_key = LockKey::open(ctx, key);
+    if let Ok(Some(_)) = lock_key.existing() {
+        lock_key.apply(|lock: &mut Lock, step| {
+            lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
+            bound::end_gone(lock, step);
+        });
+    }
 }
 
 /// Whether (`db`, `key`) waits to be settled (no key copy while nothing does).
