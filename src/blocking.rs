@@ -11,7 +11,7 @@ use crate::keys::LockKey;
 use crate::state::{self, with_waiters, Entry, WaitState};
 use crate::sys::blocked::{self, BlockedClientId, BlockedHandler};
 use crate::sys::context;
-use crate::{settle, stats};
+use crate::{deadlines, settle, stats};
 
 /// Blocks the current client as waiter `id` on (`db`, `key`). `timeout` 0 = no limit. `user`:
 /// the ACL user that sent it, counted against `lock.max-waiters-per-user`.
@@ -29,6 +29,12 @@ pub fn block(
         return false;
     };
     let handle_id = client.id();
+    // Redis's own deadline for the client, on the same clock, read just before this.
+    let deadline = if timeout == 0 {
+        0
+    } else {
+        context::now_ms().saturating_add(timeout)
+    };
     with_waiters(|r| {
         r.insert(
             id,
@@ -37,6 +43,7 @@ pub fn block(
                 client_handle_id: handle_id,
                 client_id: context::client_id(ctx),
                 queued_at: context::now_ms(),
+                deadline,
                 db,
                 key: key.into(),
                 waiter,
@@ -45,6 +52,7 @@ pub fn block(
             },
         );
     });
+    deadlines::on_block(ctx, deadline);
     true
 }
 

@@ -3,9 +3,9 @@
 //! The lock core ends them ([`Lock::end_bound`]); this file keeps track of which connections
 //! are gone and where their holds are. Redis announces a closing connection in an event
 //! callback, where keys may not be changed, so the connection is only noted as gone here and
-//! its keys are marked for settling (`events` → `settle`), which ends its holds on the next
-//! turn of the event loop, or earlier when a lock command touches one of those keys. Waiters
-//! are then served as after a release.
+//! its keys are handed to `settle` (`events`), which ends its holds from the next turn of the
+//! event loop on, a bounded slice of keys per turn, or earlier when a lock command touches one
+//! of those keys. Waiters are then served as after a release.
 //!
 //! To find those keys without a scan, every commit that leaves a bound hold records its key
 //! under the connection ([`index`]), and every commit that ends one takes it out again
@@ -17,6 +17,8 @@
 //! A bound hold never outlives its connection, and a server that restarts or is promoted has
 //! none of the connections its bound holds name: at the end of loading (on a master) and on
 //! promotion, every bound hold's connection is noted as gone ([`mark_gone`]).
+
+use std::collections::BTreeSet;
 
 use redis_lock_core::{Lock, Step};
 
@@ -61,13 +63,13 @@ pub fn connections(lock: &Lock) -> Vec<u64> {
 }
 
 /// Connection `client_id` is closing: notes it as gone and returns the keys where it may hold
-/// something (to be settled).
-pub fn on_closing(client_id: u64) -> Vec<DbKey> {
+/// something (to be settled), as the index kept them: no per-key work here, however many.
+pub fn on_closing(client_id: u64) -> BTreeSet<DbKey> {
     let Some(keys) = with_bound(|b| b.remove(&client_id)) else {
-        return Vec::new();
+        return BTreeSet::new();
     };
     with_gone(|g| g.insert(client_id));
-    keys.into_iter().collect()
+    keys
 }
 
 /// Notes connections as gone (their holds end when their keys are settled).

@@ -46,9 +46,7 @@ impl EventHandler for Events {
             // Its waits end in `blocking`; its bound holds when their keys are settled.
             ServerEvent::ClientClosing { client_id } => {
                 waiters::note_closing(client_id);
-                for (db, key) in bound::on_closing(client_id) {
-                    settle::mark_dirty(db, &key);
-                }
+                settle::mark_closed(bound::on_closing(client_id));
             }
             // A replica arms no timers: a promoted one needs them for every lock key now. Its
             // tokens jump above the clock's floor, so they are above anything the previous

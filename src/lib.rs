@@ -7,8 +7,9 @@
 //!   describes them (COMMAND DOCS, flags, ACL categories); `errors` holds every reply text.
 //! - `keys`: opening a lock key and committing a change (replies to granted waiters,
 //!   replication, notifications, INFO figures, key expiry, the timer).
-//! - `waiters` (blocked clients), `timers` (holder expiry), `settle` (waiters and timers after
-//!   Redis moved or removed a key), `events` (where server events lead), `replication`
+//! - `waiters` (blocked clients), `deadlines` (waking the loop at WAIT deadlines), `timers`
+//!   (holder expiry), `settle` (waiters and timers after Redis moved or removed a key,
+//!   a bounded slice per turn), `events` (where server events lead), `replication`
 //!   (effects to replicas and the AOF), `datatype` (the data type and its RDB codec), `value`
 //!   (what a key holds), `stats` (fencing counter and INFO figures), `config`, `eviction`
 //!   (the server's maxmemory eviction made visible, and refusable).
@@ -27,6 +28,7 @@ mod commands;
 mod config;
 mod contention;
 mod datatype;
+mod deadlines;
 mod deadlock;
 mod defrag;
 mod errors;

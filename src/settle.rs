@@ -12,8 +12,15 @@
 //! key is now empty; queue entries that belong elsewhere are dropped; if the key now holds
 //! another type, its waiters get WRONGTYPE. Bound holds of connections that have closed end
 //! (`bound`). Then the timer and expiry are brought up to date.
+//!
+//! A pass stops after [`SLICE`] of work and goes on in the next turn of the event loop, so
+//! however many keys wait (a connection that held 100,000 bound holds closed), other clients
+//! are served in between. A connection with many bound holds hands its whole set of keys over
+//! when it closes ([`mark_closed`], no per-key work in the close event); a lock command on one
+//! of them before its turn settles that key first, like any dirty key.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use redis_module::{Context, RedisString};
 
@@ -21,6 +28,7 @@ use crate::keys::LockKey;
 use crate::state;
 use crate::sys::cluster::{self, Serving};
 use crate::sys::context;
+use crate::sys::events::{wake_soon, SoonHandler};
 use crate::sys::key::KeyKind;
 use crate::value::LockValue;
 use crate::{bound, contention, errors, eviction, moving, stats, waiters};
@@ -29,6 +37,30 @@ use redis_lock_core::Lock;
 /// Marks (`db`, `key`) for settling and makes sure a settle pass is scheduled.
 pub fn mark_dirty(db: i32, key: &[u8]) {
     state::with_dirty(|d| d.insert((db, key.into())));
+    schedule();
+}
+
+/// A closing connection's bound holds on up to this many keys are marked dirty one by one;
+/// a larger set is handed over whole (each lock command then looks it up: with sets of this
+/// size or more, there are few of them).
+const FEW_KEYS: usize = 64;
+
+/// How long one settle pass runs at most before the rest waits for the next turn of the event
+/// loop (plus the one key it is settling; a key costs microseconds unless it has very many
+/// holders).
+const SLICE: Duration = Duration::from_micros(250);
+
+/// The keys where a closed connection held bound holds: settled (its holds ended) by the
+/// coming passes, or earlier by a lock command on one of them.
+pub fn mark_closed(keys: BTreeSet<state::DbKey>) {
+    if keys.is_empty() {
+        return;
+    }
+    if keys.len() <= FEW_KEYS {
+        state::with_dirty(|d| d.extend(keys));
+    } else {
+        state::with_closed(|sets| sets.push(keys));
+    }
     schedule();
 }
 
@@ -129,6 +161,34 @@ pub fn on_swapdb(a: i32, b: i32) {
     }
 }
 
+/// The pass after a slice. A timer armed from a timer callback waits at least 1 ms (Redis
+/// rounds the wait of its module timers up to whole milliseconds), which would leave the
+/// server idle between slices; instead the loop is woken at once, and the timer armed then
+/// (outside any timer callback) is due on that same turn, after the clients' own events.
+pub struct NextSlice;
+
+impl SoonHandler for NextSlice {
+    fn soon() {
+        match context::detached_context() {
+            Some(ctx) => {
+                ctx.create_timer(Duration::ZERO, run_timer, ());
+            }
+            None => {
+                state::replace_settle_scheduled(false);
+            }
+        }
+    }
+}
+
+/// Some keys are left after a slice: the next pass runs on the next turn of the event loop.
+fn continue_next_turn(ctx: &Context) {
+    // Taken as scheduled: keys marked dirty meanwhile arm nothing of their own.
+    state::replace_settle_scheduled(true);
+    if !wake_soon::<NextSlice>() {
+        ctx.create_timer(Duration::ZERO, run_timer, ());
+    }
+}
+
 fn run_timer(ctx: &Context, _: ()) {
     crate::sys::guard::guard_silent("settle timer", || {
         state::replace_settle_scheduled(false);
@@ -144,29 +204,83 @@ fn run_timer(ctx: &Context, _: ()) {
     });
 }
 
-/// Settles every dirty key. A replica settles nothing: it has no waiters and takes expiry from
-/// its master; a promotion marks every lock key dirty again.
+/// Settles dirty keys, then keys of closed connections, for at most [`SLICE`]; schedules the
+/// next pass if some are left. A replica settles nothing: it has no waiters and takes expiry
+/// from its master; a promotion marks every lock key dirty again.
 pub fn run_all(ctx: &Context) {
-    let dirty = state::with_dirty(std::mem::take);
     if ctx.get_flags().contains(redis_module::ContextFlags::SLAVE) {
         state::with_unlinked(|u| u.clear());
+        state::with_dirty(|d| d.clear());
+        state::with_closed(|c| c.clear());
         state::with_expired(|e| e.clear());
         state::with_give_back(|g| g.clear());
         eviction::forget_pending();
         bound::forget_gone();
         return;
     }
+    let started = Instant::now();
     let original_db = context::selected_db(ctx);
     let mut lost = Lost::default();
-    for (db, key) in dirty {
+    let mut more = false;
+    while let Some((closed, (db, key))) = next_key() {
         if context::select_db(ctx, db) {
-            lost.add(settle(ctx, db, &key));
+            if closed {
+                lost.add(end_closed(ctx, db, &key));
+            } else {
+                lost.add(settle(ctx, db, &key));
+            }
+        }
+        if started.elapsed() >= SLICE {
+            more = true;
+            break;
         }
     }
     context::select_db(ctx, original_db);
     lost.log(ctx);
-    // Every key of a closed connection was marked dirty when it closed, and is settled by now.
-    bound::forget_gone();
+    if more {
+        continue_next_turn(ctx);
+    } else {
+        // Every key of a closed connection was marked dirty or handed over when it closed,
+        // and is settled by now.
+        bound::forget_gone();
+    }
+}
+
+/// The next key a pass settles: a dirty one, else one of a closed connection (`true`).
+fn next_key() -> Option<(bool, state::DbKey)> {
+    if let Some(key) = state::with_dirty(|d| d.pop_first()) {
+        return Some((false, key));
+    }
+    if !state::any_closed() {
+        return None;
+    }
+    state::with_closed(|sets| {
+        while let Some(first) = sets.first_mut() {
+            if let Some(key) = first.pop_first() {
+                return Some((true, key));
+            }
+            sets.remove(0);
+        }
+        None
+    })
+}
+
+/// Ends the bound holds of closed connections on (`db`, `key`), a key that is not dirty (a
+/// dirty key is settled in full first, by the pass or by a command): only that, and serving
+/// its queue. A key in a hash slot this node does not serve gets the full settle, which grants
+/// nothing there. Returns what was given up to another node, as [`settle`] does.
+fn end_closed(ctx: &Context, db: i32, key: &[u8]) -> (u64, u64) {
+    if cluster::serving(ctx, key) != Serving::Here {
+        return settle(ctx, db, key);
+    }
+    let mut lock_key = LockKey::open(ctx, key);
+    if let Ok(Some(_)) = lock_key.existing() {
+        lock_key.apply(|lock: &mut Lock, step| {
+            lock.retain_waiters(|id| waiters::is_queued_at(id, db, key));
+            bound::end_gone(lock, step);
+        });
+    }
+    (0, 0)
 }
 
 /// Whether (`db`, `key`) waits to be settled (no key copy while nothing does).
@@ -197,7 +311,8 @@ pub fn open_settled<'a>(ctx: &'a Context, key: &'a RedisString) -> LockKey<'a> {
     LockKey::open_arg(ctx, key)
 }
 
-/// Settles (`db`, `key`) now if it is dirty: called by lock commands before they look at it.
+/// Settles (`db`, `key`) now if it is dirty or a closed connection held it: called by lock
+/// commands before they look at it.
 pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
     // Commands that change keys do not run while clients are paused; if one does, the key is
     // left to the pass after the pause (asked only when some key is dirty: the common path
@@ -205,11 +320,30 @@ pub fn run_for(ctx: &Context, db: i32, key: &[u8]) {
     let was_dirty = state::with_dirty(|d| {
         !d.is_empty() && !context::writes_paused() && d.remove(&(db, Box::<[u8]>::from(key)))
     });
-    if was_dirty {
+    if was_dirty || take_closed(db, key) {
         let mut lost = Lost::default();
         lost.add(settle(ctx, db, key));
         lost.log(ctx);
     }
+}
+
+/// Takes (`db`, `key`) out of the closed connections' sets; whether one had it. One load of a
+/// flag while no such set waits.
+fn take_closed(db: i32, key: &[u8]) -> bool {
+    if !state::any_closed() || context::writes_paused() {
+        return false;
+    }
+    let wanted: state::DbKey = (db, key.into());
+    state::with_closed(|sets| {
+        let mut found = false;
+        for set in sets.iter_mut() {
+            found |= set.remove(&wanted);
+        }
+        if found {
+            sets.retain(|s| !s.is_empty());
+        }
+        found
+    })
 }
 
 /// What a settle pass gave up because another node serves the keys' slots: keys, waiters.

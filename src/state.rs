@@ -32,6 +32,9 @@ thread_local! {
     static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
     /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+    /// The keys of closed connections that had many bound holds, one set per connection, moved
+    /// here whole when the connection closed and settled a slice at a time (`settle`).
+    static CLOSED: RefCell<Vec<BTreeSet<DbKey>>> = const { RefCell::new(Vec::new()) };
     /// Holders of lock keys that are shared or have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// What the current load refused (`stats::refuse_load`): the first refused key's log line.
@@ -95,6 +98,24 @@ pub fn with_gone<R>(f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
     GONE.with(|g| f(&mut g.borrow_mut()))
 }
 
+/// Is `CLOSED` non-empty? A plain static, read by every lock command (see `ANY_SERIALIZED`).
+static ANY_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn any_closed() -> bool {
+    ANY_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Runs `f` with the key sets of closed connections still to settle (oldest first; `f`
+/// drops the sets it empties).
+pub fn with_closed<R>(f: impl FnOnce(&mut Vec<BTreeSet<DbKey>>) -> R) -> R {
+    CLOSED.with(|c| {
+        let mut sets = c.borrow_mut();
+        let r = f(&mut sets);
+        ANY_CLOSED.store(!sets.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        r
+    })
+}
+
 pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
     CONTENDED.with(|c| f(&mut c.borrow_mut()))
 }
@@ -120,6 +141,24 @@ pub enum Held {
 
 pub fn with_expired<R>(f: impl FnOnce(&mut BTreeMap<DbKey, u64>) -> R) -> R {
     EXPIRED.with(|e| f(&mut e.borrow_mut()))
+}
+
+thread_local! {
+    /// The timer armed to wake the event loop at the earliest waiter deadline, with when it
+    /// fires (module clock, ms) (`deadlines`).
+    static WAKE: Cell<Option<(redis_module::RedisModuleTimerID, u64)>> = const { Cell::new(None) };
+}
+
+/// Sets the deadline wake-up timer; returns the one there was.
+pub fn replace_wake(
+    wake: Option<(redis_module::RedisModuleTimerID, u64)>,
+) -> Option<(redis_module::RedisModuleTimerID, u64)> {
+    WAKE.with(|w| w.replace(wake))
+}
+
+/// The deadline wake-up timer, if one is armed.
+pub fn wake() -> Option<(redis_module::RedisModuleTimerID, u64)> {
+    WAKE.with(|w| w.get())
 }
 
 /// Sets whether a settle pass is scheduled; returns what it was.
@@ -173,6 +212,8 @@ pub struct Entry {
     pub client_id: u64,
     /// When it was queued (module clock, ms): for LOCK.INFO and the wait-time figures.
     pub queued_at: u64,
+    /// When its WAIT timeout passes (module clock, ms; 0 = never): see `deadlines`.
+    pub deadline: u64,
     pub db: i32,
     pub key: Box<[u8]>,
     pub waiter: Waiter,
@@ -202,6 +243,9 @@ pub struct Registry {
     /// Blocked clients per ACL user (queued, or granted with the reply pending), for
     /// `lock.max-waiters-per-user`.
     pub by_user: HashMap<Box<[u8]>, usize>,
+    /// Queued waiters with a WAIT timeout, by deadline: the first is when the event loop must
+    /// wake (`deadlines`).
+    pub by_deadline: BTreeSet<(u64, WaiterId)>,
 }
 
 impl Registry {
@@ -215,6 +259,9 @@ impl Registry {
         if let Some(user) = &entry.user {
             *self.by_user.entry(user.clone()).or_default() += 1;
         }
+        if entry.deadline != 0 {
+            self.by_deadline.insert((entry.deadline, id));
+        }
         if entry.waiter.mode != Mode::Permit {
             self.by_owner
                 .entry(entry.waiter.owner.clone())
@@ -225,7 +272,10 @@ impl Registry {
     }
 
     /// Takes a waiter that leaves the queue out of the by-key and by-owner indexes.
-    fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8]) {
+    fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8], deadline: u64) {
+        if deadline != 0 {
+            self.by_deadline.remove(&(deadline, id));
+        }
         let k = (db, Box::<[u8]>::from(key));
         let before = self.queue_rank(&k);
         if let Some(set) = self.by_key.get_mut(&k) {
@@ -287,7 +337,13 @@ impl Registry {
             }
         }
         if entry.state == WaitState::Queued {
-            self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
+            self.unindex(
+                id,
+                entry.db,
+                &entry.key,
+                &entry.waiter.owner,
+                entry.deadline,
+            );
         }
         Some(entry)
     }
@@ -329,7 +385,8 @@ impl Registry {
         entry.state = state;
         let client = entry.client.take();
         let (db, key, owner) = (entry.db, entry.key.clone(), entry.waiter.owner.clone());
-        self.unindex(id, db, &key, &owner);
+        let deadline = entry.deadline;
+        self.unindex(id, db, &key, &owner, deadline);
         client
     }
 }

@@ -293,3 +293,155 @@ fn a_raw_socket_that_disconnects_mid_reply_still_ends_its_hold() {
         info(&mut c, "raw").is_none()
     });
 }
+
+/// How many bound holds the spread-out close is tested with: enough for many slices of the
+/// settle pass, even in a debug build.
+const MANY_HOLDS: usize = 20_000;
+
+/// The key of bound hold `i` of the many: in the order they are settled (by name).
+fn many_key(i: usize) -> String {
+    format!("many:{i:05}")
+}
+
+/// Reads `n` one-line replies (integers, nil, status) from `reader`, as their lines.
+fn reply_lines(reader: &mut impl std::io::BufRead, n: usize) -> Vec<String> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("read a reply");
+        out.push(line.trim_end().to_string());
+    }
+    out
+}
+
+#[test]
+fn a_connection_with_many_bound_holds_ends_them_over_several_turns() {
+    let (server, replica) = master_and_replica(&[]);
+    let mut c = server.client();
+    let mut holder = server.client();
+    let holder_id = client_id(&mut holder);
+    for start in (0..MANY_HOLDS).step_by(5_000) {
+        let mut pipe = redis::pipe();
+        for i in start..(start + 5_000).min(MANY_HOLDS) {
+            pipe.cmd("LOCK.ACQUIRE")
+                .arg(many_key(i))
+                .arg("h")
+                .arg(LONG)
+                .arg("BIND");
+        }
+        let tokens: Vec<i64> = pipe.query(&mut holder).expect("bound holds");
+        assert!(tokens.iter().all(|t| *t > 0));
+    }
+    // Two waiters each on an early key, a middle one and the second-to-last one; the last key
+    // has none.
+    let waited = [
+        many_key(0),
+        many_key(MANY_HOLDS / 2),
+        many_key(MANY_HOLDS - 2),
+    ];
+    let late_free = many_key(MANY_HOLDS - 1);
+    let mut queued = Vec::new();
+    for key in &waited {
+        let first = spawn_waiter(
+            &server,
+            &mut c,
+            &["LOCK.ACQUIRE", key, "w1", LONG, "WAIT", "0"],
+            1,
+        );
+        let second = spawn_waiter(
+            &server,
+            &mut c,
+            &["LOCK.ACQUIRE", key, "w2", LONG, "WAIT", "0"],
+            2,
+        );
+        queued.push((key.clone(), first, second));
+    }
+    assert_eq!(int(&mut c, &["DBSIZE"]), MANY_HOLDS as i64);
+
+    // One stream of commands, written at once: the close, then DBSIZE after DBSIZE, with two
+    // newcomers on the last keys in the middle. The server reads a few kB of it per turn of
+    // its event loop, so the replies show what each turn left behind.
+    const PROBES: usize = 4_000;
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    let mut out = resp(&["CLIENT", "KILL", "ID", &holder_id.to_string()]);
+    for _ in 0..PROBES {
+        out.extend(resp(&["DBSIZE"]));
+    }
+    out.extend(resp(&["LOCK.ACQUIRE", &late_free, "newcomer", LONG]));
+    out.extend(resp(&["LOCK.ACQUIRE", &waited[2], "newcomer", LONG]));
+    for _ in 0..PROBES {
+        out.extend(resp(&["DBSIZE"]));
+    }
+    let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+    let writer = std::thread::spawn(move || stream.write_all(&out));
+    let lines = reply_lines(&mut reader, 1 + 2 * PROBES + 2);
+    writer.join().expect("writer").expect("write the stream");
+    drop(holder);
+
+    assert_eq!(lines[0], ":1", "CLIENT KILL");
+    let sizes = |range: std::ops::Range<usize>| -> Vec<i64> {
+        lines[range]
+            .iter()
+            .map(|l| l.trim_start_matches(':').parse().expect("DBSIZE"))
+            .collect()
+    };
+    let before = sizes(1..1 + PROBES);
+    let newcomers = &lines[1 + PROBES..3 + PROBES];
+    let after = sizes(3 + PROBES..lines.len());
+    // Left at the end: the waited keys (the first waiter holds each) and the newcomer's.
+    let left = waited.len() as i64 + 1;
+    let all: Vec<i64> = before.iter().chain(&after).copied().collect();
+    let between = all
+        .iter()
+        .filter(|&&n| left < n && n < MANY_HOLDS as i64)
+        .count();
+    println!(
+        "{MANY_HOLDS} bound holds: {between} of {} probes saw them partly ended",
+        all.len()
+    );
+    // Some turns of the event loop ran between slices of the work: clients were served while
+    // part of the holds had ended (done in one step, a probe sees all or none).
+    assert!(
+        between > 0,
+        "no probe ran during the spread: {:?}",
+        &all[..20]
+    );
+    // The newcomers came while the spread was still going (the probe after them saw holds
+    // not yet ended), before the last keys' turn; they found the dead connection's holds
+    // ended: the free key granted, the waited key not (its waiters come first).
+    assert!(
+        after[0] > left,
+        "the spread was over before the newcomers: {after:?}"
+    );
+    assert!(
+        newcomers[0].starts_with(':'),
+        "newcomer on a free key: {newcomers:?}"
+    );
+    assert!(
+        newcomers[1] == "$-1" || newcomers[1] == "*-1",
+        "newcomer on a waited key: {newcomers:?}"
+    );
+
+    wait_until("every bound hold ended", || {
+        info_field(&mut c, "disconnects_total") == MANY_HOLDS as u64
+    });
+    assert_eq!(int(&mut c, &["DBSIZE"]), left);
+    assert_eq!(
+        holders(&mut c, &late_free),
+        vec![("newcomer".to_string(), 1)]
+    );
+    // Each waited key went to its first waiter; the second still waits, and gets it next.
+    for (key, first, second) in queued {
+        let _ = first.token();
+        assert_eq!(holders(&mut c, &key), vec![("w1".to_string(), 1)], "{key}");
+        assert_eq!(waiting(&mut c, &key), 1, "{key}");
+        int(&mut c, &["LOCK.RELEASE", &key, "w1"]);
+        let _ = second.token();
+        assert_eq!(holders(&mut c, &key), vec![("w2".to_string(), 1)], "{key}");
+    }
+    // The replica followed every change.
+    let mut r = replica.client();
+    wait_until("the replica has the master's keys", || {
+        int(&mut r, &["DBSIZE"]) == left
+    });
+}

@@ -694,3 +694,55 @@ fn a_request_that_finds_the_key_expired_on_its_own_lookup_queues_behind_the_wait
         assert_eq!(holders(&mut c, &key), vec![("first".to_string(), 1)]);
     }
 }
+
+/// Redis answers a blocked client's timeout only when its event loop wakes, which with nothing
+/// else to do is at its next cron tick (a second apart at hz 1); the module wakes it at each
+/// waiter's deadline. Waiters 400 ms apart: with a tick a second apart, at least one of two of
+/// them would be 400 ms late or more.
+#[test]
+fn wait_timeouts_end_on_time_whatever_hz_is() {
+    let server = Server::start_with(&["--hz", "1"]);
+    let mut c = server.client();
+    int(&mut c, &["LOCK.ACQUIRE", "ontime", "holder", "600000"]);
+    let timeouts = [300u64, 700, 1100, 1500];
+    let conns: Vec<_> = timeouts.iter().map(|_| server.client()).collect();
+    let handles: Vec<_> = timeouts
+        .iter()
+        .zip(conns)
+        .enumerate()
+        .map(|(i, (&timeout, mut conn))| {
+            thread::spawn(move || {
+                let owner = format!("w{i}");
+                let wait = timeout.to_string();
+                let started = Instant::now();
+                let reply = query(
+                    &mut conn,
+                    &["LOCK.ACQUIRE", "ontime", &owner, "600000", "WAIT", &wait],
+                );
+                (timeout, reply, started.elapsed())
+            })
+        })
+        .collect();
+    // Nothing else is sent until every reply is in: no other traffic wakes the server.
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("waiter thread"))
+        .collect();
+    let bound = scaled(Duration::from_millis(50));
+    for (timeout, reply, took) in &results {
+        println!("WAIT {timeout}: nil after {took:?}");
+        assert!(matches!(reply, Ok(Value::Nil)), "WAIT {timeout}: {reply:?}");
+        let deadline = Duration::from_millis(*timeout);
+        assert!(
+            *took + CLOCK_MARGIN >= deadline,
+            "WAIT {timeout} ended early: {took:?}"
+        );
+        assert!(
+            *took < deadline + bound,
+            "WAIT {timeout}: nil {:?} after the deadline (bound {bound:?})",
+            took.saturating_sub(deadline)
+        );
+    }
+    assert_eq!(waiting(&mut c, "ontime"), 0);
+    assert_eq!(info_field(&mut c, "timeouts_total"), timeouts.len() as u64);
+}

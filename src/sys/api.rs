@@ -11,7 +11,7 @@ pub fn missing() -> Vec<&'static str> {
     // SAFETY: each entry copies a function pointer (the braces read the static by value, no
     // reference is made) that the API table filled in at load, before OnLoad's body runs;
     // nothing writes them afterwards.
-    let present: [(&'static str, bool); 54] = unsafe {
+    let present: [(&'static str, bool); 55] = unsafe {
         [
             ("Milliseconds", { raw::RedisModule_Milliseconds }.is_some()),
             (
@@ -107,6 +107,10 @@ pub fn missing() -> Vec<&'static str> {
             (
                 "SubscribeToKeyspaceEvents",
                 { raw::RedisModule_SubscribeToKeyspaceEvents }.is_some(),
+            ),
+            (
+                "EventLoopAddOneShot",
+                { raw::RedisModule_EventLoopAddOneShot }.is_some(),
             ),
             (
                 "ScanCursorCreate",

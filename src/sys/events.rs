@@ -274,3 +274,28 @@ pub fn subscribe<H: EventHandler>(ctx: &Context, slot_migration: bool) -> Result
     }
     Ok(())
 }
+
+/// What runs once on the next turn of the event loop ([`wake_soon`]).
+pub trait SoonHandler: 'static {
+    /// Runs inside the panic guard, on the main thread, with the module's detached context
+    /// (`context::detached_context`) as its only context: it may arm timers.
+    fn soon();
+}
+
+extern "C" fn on_soon<H: SoonHandler>(_data: *mut c_void) {
+    guard_silent("event-loop wake", || H::soon());
+}
+
+/// Wakes the event loop at once and runs `H::soon` on its next turn, whatever else is (or is
+/// not) happening. Unlike a timer armed from a timer callback (Redis rounds the wait of those
+/// up to a whole millisecond), this leaves the loop no time to sleep. False if the server
+/// lacks the API (it then does nothing).
+pub fn wake_soon<H: SoonHandler>() -> bool {
+    // SAFETY: the callback is a 'static function that ignores its (null) data; Redis calls it
+    // once, on the main thread.
+    let rc = unsafe {
+        raw::RedisModule_EventLoopAddOneShot
+            .map_or(1, |f| f(Some(on_soon::<H>), std::ptr::null_mut()))
+    };
+    rc == 0
+}
