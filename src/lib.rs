@@ -41,6 +41,7 @@ mod state;
 mod stats;
 mod sys;
 mod timers;
+mod users;
 mod value;
 mod waiters;
 

@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use redis_lock_core::{FenceCounter, Mode, Waiter, WaiterId};
+use redis_lock_core::{FenceCounter, Mode, UserId, Waiter, WaiterId, Who};
 
 use crate::sys::blocked::{BlockedClient, BlockedClientId};
 
@@ -32,7 +32,9 @@ thread_local! {
     static BOUND: RefCell<HashMap<u64, BTreeSet<DbKey>>> = RefCell::new(HashMap::new());
     /// Connections whose bound holds are to end at the next settle of their keys (`bound`).
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
-    /// Holders of lock keys that are shared or have waiters (`contention`).
+    /// The ACL users seen so far, by name: their numbers (`users`).
+    static USERS: RefCell<HashMap<Box<[u8]>, UserId>> = RefCell::new(HashMap::new());
+    /// Holders of lock keys that have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// What the current load refused (`stats::refuse_load`): the first refused key's log line.
     static REFUSED_LOAD: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -95,17 +97,35 @@ pub fn with_gone<R>(f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
     GONE.with(|g| f(&mut g.borrow_mut()))
 }
 
+pub fn with_users<R>(f: impl FnOnce(&mut HashMap<Box<[u8]>, UserId>) -> R) -> R {
+    USERS.with(|u| f(&mut u.borrow_mut()))
+}
+
+/// The key an owner (user and name, see `Who`) is filed under in the by-owner indexes: the
+/// user's number, then the name.
+pub fn who_key(who: Who<'_>) -> Box<[u8]> {
+    let mut k = Vec::with_capacity(who.owner.len().saturating_add(2));
+    k.extend_from_slice(&who.user.to_be_bytes());
+    k.extend_from_slice(who.owner);
+    k.into()
+}
+
 pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
     CONTENDED.with(|c| f(&mut c.borrow_mut()))
 }
 
-/// Which owners hold a shared or waited lock key (see `contention`).
+/// Which owners hold a lock key that has waiters (see `contention`).
 #[derive(Default)]
 pub struct Contended {
+    /// The narrow waited keys each owner holds, by [`who_key`].
     pub by_owner: HashMap<Box<[u8]>, Held>,
-    /// The keys whose holders are indexed (one entry per key, not per holder: a key's entries
-    /// are found through its lock's holders when they go).
-    pub indexed: HashSet<DbKey>,
+    /// Each narrow waited key (at most `contention::SMALL` holders), with the owners
+    /// ([`who_key`]) filed for it in `by_owner`.
+    pub narrow: HashMap<DbKey, Vec<Box<[u8]>>>,
+    /// Each wide waited key (more holders), with the users it is filed under in `wide_by_user`.
+    pub wide: HashMap<DbKey, Vec<UserId>>,
+    /// The wide waited keys where each user has some hold.
+    pub wide_by_user: HashMap<UserId, BTreeSet<DbKey>>,
     /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
     /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
     /// By database, then key: looked up by a borrowed name, with no key copy.
@@ -190,7 +210,8 @@ pub struct Registry {
     pub by_client: HashMap<BlockedClientId, WaiterId>,
     /// Queued waiters per (db, key), to serve them again when their key goes away.
     pub by_key: HashMap<(i32, Box<[u8]>), BTreeSet<WaiterId>>,
-    /// Queued lock waiters (not semaphore ones) per owner, for deadlock detection.
+    /// Queued lock waiters (not semaphore ones) per owner (its user and name, by
+    /// [`who_key`]), for deadlock detection.
     pub by_owner: HashMap<Box<[u8]>, BTreeSet<WaiterId>>,
     /// Every key with queued waiters, by its first (oldest) waiter's id: LOCK.QUEUES BY AGE
     /// and INFO's oldest wait read it in order instead of looking at every key.
@@ -217,7 +238,7 @@ impl Registry {
         }
         if entry.waiter.mode != Mode::Permit {
             self.by_owner
-                .entry(entry.waiter.owner.clone())
+                .entry(who_key(entry.waiter.who()))
                 .or_default()
                 .insert(id);
         }
@@ -225,6 +246,7 @@ impl Registry {
     }
 
     /// Takes a waiter that leaves the queue out of the by-key and by-owner indexes.
+    /// `owner`: the waiter's [`who_key`].
     fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8]) {
         let k = (db, Box::<[u8]>::from(key));
         let before = self.queue_rank(&k);
@@ -287,7 +309,7 @@ impl Registry {
             }
         }
         if entry.state == WaitState::Queued {
-            self.unindex(id, entry.db, &entry.key, &entry.waiter.owner);
+            self.unindex(id, entry.db, &entry.key, &who_key(entry.waiter.who()));
         }
         Some(entry)
     }
@@ -328,7 +350,7 @@ impl Registry {
         }
         entry.state = state;
         let client = entry.client.take();
-        let (db, key, owner) = (entry.db, entry.key.clone(), entry.waiter.owner.clone());
+        let (db, key, owner) = (entry.db, entry.key.clone(), who_key(entry.waiter.who()));
         self.unindex(id, db, &key, &owner);
         client
     }

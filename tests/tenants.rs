@@ -804,3 +804,76 @@ fn a_queues_reply_cut_short_says_so_and_a_prefix_finds_ones_own() {
     assert!(token(stuck) > 0);
     drop(conns);
 }
+
+/// Holds that another user made under the same owner name are someone else's for deadlock
+/// detection (SPEC.md, "Tenants, version 4"): alice holds 600 of her own keys as `w1`, each
+/// with a waiter; bob's `w1` / `w2` two-owner cycle is still refused at once, and no check is
+/// cut. (Before, alice's 600 entries were charged to bob's budget: bob's request waited out
+/// its WAIT and got nil, and the cut counter rose.)
+#[test]
+fn another_users_holds_under_the_same_name_cost_nothing() {
+    let server = Server::start();
+    let mut admin = server.client();
+    add_tenants(&mut admin);
+    let mut alice = login(&server, "alice");
+    let n = 600;
+    let mut p = redis::pipe();
+    for i in 0..n {
+        p.cmd("LOCK.ACQUIRE")
+            .arg(format!("tenantA:{i:03}"))
+            .arg("w1")
+            .arg(LONG)
+            .ignore();
+    }
+    let () = p.query(&mut alice).expect("alice's holds");
+    let mut conns = Vec::new();
+    for i in 0..n {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        send_raw(&mut s, &["AUTH", "alice", "pw"]).expect("send");
+        send_raw(
+            &mut s,
+            &[
+                "LOCK.ACQUIRE",
+                &format!("tenantA:{i:03}"),
+                &format!("x{i}"),
+                LONG,
+                "WAIT",
+                "0",
+            ],
+        )
+        .expect("send");
+        conns.push(s);
+    }
+    wait_until("alice's 600 waiters", || {
+        info_field(&mut admin, "waiters") == n
+    });
+    let mut bob = login(&server, "bob");
+    int(&mut bob, &["LOCK.ACQUIRE", "tenantB:a", "w1", LONG]);
+    int(&mut bob, &["LOCK.ACQUIRE", "tenantB:b", "w2", LONG]);
+    let w2_waits = queue_as(
+        &server,
+        &mut admin,
+        "bob",
+        &["LOCK.ACQUIRE", "tenantB:a", "w2", LONG, "WAIT", "30000"],
+        1,
+    );
+    let cut_before = info_field(&mut admin, "deadlock_checks_cut_total");
+    let reply = query(
+        &mut bob,
+        &["LOCK.ACQUIRE", "tenantB:b", "w1", LONG, "WAIT", "2000"],
+    );
+    match reply {
+        Err(e) => assert!(e.to_string().contains("DEADLOCK"), "{e}"),
+        Ok(v) => panic!("bob's w1 closing its cycle was answered {v:?}, not -DEADLOCK"),
+    }
+    assert_eq!(
+        info_field(&mut admin, "deadlock_checks_cut_total"),
+        cut_before,
+        "bob's check was cut"
+    );
+    assert_eq!(info_field(&mut admin, "deadlocks_total"), 1);
+    // bob's w1 lets go: w2 is granted.
+    int(&mut bob, &["LOCK.RELEASE", "tenantB:a", "w1"]);
+    assert!(token(w2_waits) > 0);
+    drop(conns);
+}
