@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 
 use redis_lock_core::{FenceCounter, Mode, UserId, Waiter, WaiterId, Who};
 
@@ -34,6 +35,10 @@ thread_local! {
     static GONE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
     /// The ACL users seen so far, by name: their numbers (`users`).
     static USERS: RefCell<HashMap<Box<[u8]>, UserId>> = RefCell::new(HashMap::new());
+    /// The user each connection was last seen running as (`users`): a connection id is never
+    /// reused while the server runs.
+    static USER_OF: RefCell<HashMap<u64, UserId, BuildHasherDefault<IdHasher>>> =
+        RefCell::new(HashMap::default());
     /// Holders of lock keys that have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// What the current load refused (`stats::refuse_load`): the first refused key's log line.
@@ -95,6 +100,33 @@ pub fn with_bound<R>(f: impl FnOnce(&mut HashMap<u64, BTreeSet<DbKey>>) -> R) ->
 
 pub fn with_gone<R>(f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
     GONE.with(|g| f(&mut g.borrow_mut()))
+}
+
+pub fn with_user_of<R>(
+    f: impl FnOnce(&mut HashMap<u64, UserId, BuildHasherDefault<IdHasher>>) -> R,
+) -> R {
+    USER_OF.with(|u| f(&mut u.borrow_mut()))
+}
+
+/// Hashes a connection id (issued by the server in order, not chosen by clients) with one
+/// multiplication: SipHash would cost more than the rest of the lookup.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 pub fn with_users<R>(f: impl FnOnce(&mut HashMap<Box<[u8]>, UserId>) -> R) -> R {

@@ -888,3 +888,43 @@ fn another_users_holds_under_the_same_name_cost_nothing() {
     assert!(token(w2_waits) > 0);
     drop(conns);
 }
+
+/// The user of a request is the connection's user when it runs: a connection that
+/// authenticates as another user makes its next holds and requests as that user (the module
+/// keeps each connection's user between commands and must forget it on AUTH).
+#[test]
+fn a_connection_that_changes_user_asks_as_its_new_user() {
+    let server = Server::start();
+    let mut admin = server.client();
+    for user in ["u1", "u2"] {
+        query(
+            &mut admin,
+            &["ACL", "SETUSER", user, "on", ">pw", "~*", "+@all"],
+        )
+        .expect("ACL SETUSER");
+    }
+    let mut c = login(&server, "u1");
+    int(&mut c, &["LOCK.ACQUIRE", "x", "w1", LONG]);
+    let mut other = login(&server, "u1");
+    int(&mut other, &["LOCK.ACQUIRE", "y", "w2", LONG]);
+    // u1's w2 waits for u1's w1.
+    let w2_waits = queue_as(
+        &server,
+        &mut admin,
+        "u1",
+        &["LOCK.ACQUIRE", "x", "w2", LONG, "WAIT", "30000"],
+        1,
+    );
+    // As u2, "w1" is another owner: asking for y closes no cycle (it waits, and times out).
+    query(&mut c, &["AUTH", "u2", "pw"]).expect("AUTH");
+    assert!(is_nil(
+        &mut c,
+        &["LOCK.ACQUIRE", "y", "w1", LONG, "WAIT", "200"]
+    ));
+    // As u1 again, it is u1's w1, which w2 waits for: refused.
+    query(&mut c, &["AUTH", "u1", "pw"]).expect("AUTH");
+    let e = err(&mut c, &["LOCK.ACQUIRE", "y", "w1", LONG, "WAIT", "30000"]);
+    assert!(e.starts_with("DEADLOCK"), "{e}");
+    int(&mut c, &["LOCK.RELEASE", "x", "w1"]);
+    assert!(token(w2_waits) > 0);
+}

@@ -88,7 +88,7 @@ fn request(
     let user = if mode == Mode::Permit {
         UNKNOWN_USER
     } else {
-        users::current(ctx)
+        users::current(ctx, &flags)
     };
     let options = HoldOptions {
         bound_to: req.bind.then(|| context::client_id(ctx)),
