@@ -98,7 +98,6 @@ impl WaitGraph for Keys {
     }
 
     fn queued_by(&mut self, who: crate::Who<'_>, max: usize) -> Listing<(usize, WaiterId)> {
-        let owner = who.owner;
         let mut out = Vec::new();
         for (k, lock) in self.locks.iter().enumerate() {
             for (id, w) in lock.queue().iter() {

@@ -44,9 +44,8 @@ extern "C" fn on_command<H: CommandStart>(fctx: *mut raw::RedisModuleCommandFilt
     // NULL), which lives as long as the call; StringPtrLen only reads it, and the slice is
     // used before the call returns.
     let changes_user = unsafe {
-        let name = raw::RedisModule_CommandFilterArgGet.map_or(std::ptr::null_mut(), |f| {
-            f(fctx, 0) as *mut raw::RedisModuleString
-        });
+        let name =
+            raw::RedisModule_CommandFilterArgGet.map_or(std::ptr::null_mut(), |f| f(fctx, 0));
         if name.is_null() {
             false
         } else {
