@@ -23,9 +23,10 @@
 
 use std::collections::HashMap;
 
-use redis_lock_core::{check_request, Listing, Lock, Mode, Verdict, WaitGraph, WaiterId};
+use redis_lock_core::{check_request, Listing, Lock, Mode, Verdict, WaitGraph, WaiterId, Who};
 use redis_module::Context;
 
+use crate::contention::Filed;
 use crate::keys::LockKey;
 use crate::state::DbKey;
 use crate::sys::acl::Caller;
@@ -56,15 +57,32 @@ impl Graph<'_> {
     }
 }
 
+impl Graph<'_> {
+    /// Does `owner` hold `key` (in reach)? One hashed lookup in its holders.
+    fn holds(&mut self, key: &DbKey, owner: Who<'_>) -> bool {
+        self.with_lock(key, |lock| {
+            lock.holders()
+                .get(owner.owner)
+                .is_some_and(|h| owner.holds(h))
+        })
+        .unwrap_or(false)
+    }
+}
+
 impl WaitGraph for Graph<'_> {
     type Key = DbKey;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<DbKey> {
-        // Keys nobody queues on lead nowhere: left out (looked at, and charged, all the same).
-        contention::held_keys(owner, max, |k| waiters::has_queue(k) && self.in_reach(k))
+    fn held_by(&mut self, owner: Who<'_>, max: usize) -> Listing<DbKey> {
+        // Keys nobody queues on lead nowhere, nor wide keys where the owner holds nothing:
+        // left out (looked at, and charged, all the same).
+        let entries = contention::held_keys(owner, max);
+        contention::listing(entries, |(k, filed)| match filed {
+            Filed::Narrow => waiters::has_queue(k) && self.in_reach(k),
+            Filed::Wide => self.holds(k, owner),
+        })
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(DbKey, WaiterId)> {
+    fn queued_by(&mut self, owner: Who<'_>, max: usize) -> Listing<(DbKey, WaiterId)> {
         waiters::queued_of(owner, max, |k| self.in_reach(k))
     }
 
@@ -80,13 +98,38 @@ impl WaitGraph for Graph<'_> {
     }
 }
 
+/// Could a request of `requester` close a cycle at all: does it hold some key someone waits
+/// for (as far as the index tells within its look limits, see `contention::holds_contended`)?
+/// The test that lets almost every request skip the walk. Reads other keys, possibly in other
+/// databases; the selected database is restored.
+pub fn may_close_cycle(ctx: &Context, requester: Who<'_>) -> bool {
+    let original_db = context::selected_db(ctx);
+    let holds_at = |place: &DbKey| {
+        if !context::select_db(ctx, place.0) {
+            return false;
+        }
+        let mut lock_key = LockKey::open_read(ctx, &place.1);
+        match lock_key.existing() {
+            Ok(Some(value)) => value
+                .view()
+                .holders()
+                .get(requester.owner)
+                .is_some_and(|h| requester.holds(h)),
+            _ => false,
+        }
+    };
+    let maybe = contention::holds_contended(requester, waiters::has_queue, holds_at);
+    context::select_db(ctx, original_db);
+    maybe
+}
+
 /// Would a request of `requester` in `mode` on `key` (in the selected database; its lock is
 /// `lock`), which cannot be granted at once, close a cycle within the requesting user's reach? Reads other keys,
 /// possibly in other databases; the selected database is restored. `budget`: the most visits
 /// the check may make.
 pub fn check_here(
     ctx: &Context,
-    requester: &[u8],
+    requester: Who<'_>,
     mode: Mode,
     key: &[u8],
     lock: &Lock,

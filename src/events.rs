@@ -46,6 +46,7 @@ impl EventHandler for Events {
             // Its waits end in `blocking`; its bound holds when their keys are settled.
             ServerEvent::ClientClosing { client_id } => {
                 waiters::note_closing(client_id);
+                crate::users::forget_connection(client_id);
                 settle::mark_closed(bound::on_closing(client_id));
             }
             // A replica arms no timers: a promoted one needs them for every lock key now. Its

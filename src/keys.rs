@@ -236,11 +236,10 @@ impl<'a> LockKey<'a> {
             bound::forget_ended(&unbound, self.db, self.name.get().as_slice(), lock);
         }
         let after = Gauges::of(lock);
-        // Only shared or waited locks (see `contention`): O(changed owners), nothing for a
-        // plain exclusive lock.
-        if contention::is_indexed(&before) || contention::is_indexed(&after) {
+        // Only locks that have or had waiters (see `contention`): nothing for any other.
+        if contention::is_waited(&before) || contention::is_waited(&after) {
             let key = self.name.get().as_slice();
-            contention::update(self.db, key, lock, &before, &after, &changed);
+            contention::update(self.db, key, lock, &before, &after);
         }
         stats::update_gauges(before, after);
         if lock.is_empty() {

@@ -43,6 +43,7 @@ mod state;
 mod stats;
 mod sys;
 mod timers;
+mod users;
 mod value;
 mod waiters;
 

@@ -183,6 +183,10 @@ impl CommandStart for CommandClock {
     fn on_command_start() {
         forget_serialized();
     }
+
+    fn on_user_change() {
+        crate::users::forget_connections();
+    }
 }
 
 #[cfg(test)]

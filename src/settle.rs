@@ -97,8 +97,8 @@ fn schedule_after(delay: Duration) {
 pub fn on_unlink(db: i32, key: &[u8], value: &mut LockValue) {
     let moved_away = moving::is_moved_away(value);
     let had_waiters = value.waiters() > 0;
-    if contention::is_indexed(&value.gauges()) {
-        contention::forget(db, key, &value.view());
+    if contention::is_waited(&value.gauges()) {
+        contention::forget(db, key);
     }
     if had_waiters {
         let before = value.gauges();

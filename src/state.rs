@@ -7,8 +7,9 @@
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 
-use redis_lock_core::{FenceCounter, Mode, Waiter, WaiterId};
+use redis_lock_core::{FenceCounter, Mode, UserId, Waiter, WaiterId, Who};
 
 use crate::sys::blocked::{BlockedClient, BlockedClientId};
 
@@ -35,7 +36,13 @@ thread_local! {
     /// The keys of closed connections that had many bound holds, one set per connection, moved
     /// here whole when the connection closed and settled a slice at a time (`settle`).
     static CLOSED: RefCell<Vec<BTreeSet<DbKey>>> = const { RefCell::new(Vec::new()) };
-    /// Holders of lock keys that are shared or have waiters (`contention`).
+    /// The ACL users seen so far, by name: their numbers (`users`).
+    static USERS: RefCell<HashMap<Box<[u8]>, UserId>> = RefCell::new(HashMap::new());
+    /// The user each connection was last seen running as (`users`): a connection id is never
+    /// reused while the server runs.
+    static USER_OF: RefCell<HashMap<u64, UserId, BuildHasherDefault<IdHasher>>> =
+        RefCell::new(HashMap::default());
+    /// Holders of lock keys that have waiters (`contention`).
     static CONTENDED: RefCell<Contended> = RefCell::new(Contended::default());
     /// What the current load refused (`stats::refuse_load`): the first refused key's log line.
     static REFUSED_LOAD: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -116,17 +123,62 @@ pub fn with_closed<R>(f: impl FnOnce(&mut Vec<BTreeSet<DbKey>>) -> R) -> R {
     })
 }
 
+pub fn with_user_of<R>(
+    f: impl FnOnce(&mut HashMap<u64, UserId, BuildHasherDefault<IdHasher>>) -> R,
+) -> R {
+    USER_OF.with(|u| f(&mut u.borrow_mut()))
+}
+
+/// Hashes a connection id (issued by the server in order, not chosen by clients) with one
+/// multiplication: SipHash would cost more than the rest of the lookup.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+pub fn with_users<R>(f: impl FnOnce(&mut HashMap<Box<[u8]>, UserId>) -> R) -> R {
+    USERS.with(|u| f(&mut u.borrow_mut()))
+}
+
+/// The key an owner (user and name, see `Who`) is filed under in the by-owner indexes: the
+/// user's number, then the name.
+pub fn who_key(who: Who<'_>) -> Box<[u8]> {
+    let mut k = Vec::with_capacity(who.owner.len().saturating_add(2));
+    k.extend_from_slice(&who.user.to_be_bytes());
+    k.extend_from_slice(who.owner);
+    k.into()
+}
+
 pub fn with_contended<R>(f: impl FnOnce(&mut Contended) -> R) -> R {
     CONTENDED.with(|c| f(&mut c.borrow_mut()))
 }
 
-/// Which owners hold a shared or waited lock key (see `contention`).
+/// Which owners hold a lock key that has waiters (see `contention`).
 #[derive(Default)]
 pub struct Contended {
+    /// The narrow waited keys each owner holds, by [`who_key`].
     pub by_owner: HashMap<Box<[u8]>, Held>,
-    /// The keys whose holders are indexed (one entry per key, not per holder: a key's entries
-    /// are found through its lock's holders when they go).
-    pub indexed: HashSet<DbKey>,
+    /// Each narrow waited key (at most `contention::SMALL` holders), with the owners
+    /// ([`who_key`]) filed for it in `by_owner`.
+    pub narrow: HashMap<DbKey, Vec<Box<[u8]>>>,
+    /// Each wide waited key (more holders), with the users it is filed under in `wide_by_user`.
+    pub wide: HashMap<DbKey, Vec<UserId>>,
+    /// The wide waited keys where each user has some hold.
+    pub wide_by_user: HashMap<UserId, BTreeSet<DbKey>>,
     /// The fence of each key with waiters, as of its last change: what LOCK.INFO shows while
     /// the key cannot be read (its TTL passed during a client pause, see `commands::info`).
     /// By database, then key: looked up by a borrowed name, with no key copy.
@@ -231,7 +283,8 @@ pub struct Registry {
     pub by_client: HashMap<BlockedClientId, WaiterId>,
     /// Queued waiters per (db, key), to serve them again when their key goes away.
     pub by_key: HashMap<(i32, Box<[u8]>), BTreeSet<WaiterId>>,
-    /// Queued lock waiters (not semaphore ones) per owner, for deadlock detection.
+    /// Queued lock waiters (not semaphore ones) per owner (its user and name, by
+    /// [`who_key`]), for deadlock detection.
     pub by_owner: HashMap<Box<[u8]>, BTreeSet<WaiterId>>,
     /// Every key with queued waiters, by its first (oldest) waiter's id: LOCK.QUEUES BY AGE
     /// and INFO's oldest wait read it in order instead of looking at every key.
@@ -264,7 +317,7 @@ impl Registry {
         }
         if entry.waiter.mode != Mode::Permit {
             self.by_owner
-                .entry(entry.waiter.owner.clone())
+                .entry(who_key(entry.waiter.who()))
                 .or_default()
                 .insert(id);
         }
@@ -272,6 +325,7 @@ impl Registry {
     }
 
     /// Takes a waiter that leaves the queue out of the by-key and by-owner indexes.
+    /// `owner`: the waiter's [`who_key`].
     fn unindex(&mut self, id: WaiterId, db: i32, key: &[u8], owner: &[u8], deadline: u64) {
         if deadline != 0 {
             self.by_deadline.remove(&(deadline, id));
@@ -341,7 +395,7 @@ impl Registry {
                 id,
                 entry.db,
                 &entry.key,
-                &entry.waiter.owner,
+                &who_key(entry.waiter.who()),
                 entry.deadline,
             );
         }
@@ -384,7 +438,7 @@ impl Registry {
         }
         entry.state = state;
         let client = entry.client.take();
-        let (db, key, owner) = (entry.db, entry.key.clone(), entry.waiter.owner.clone());
+        let (db, key, owner) = (entry.db, entry.key.clone(), who_key(entry.waiter.who()));
         let deadline = entry.deadline;
         self.unindex(id, db, &key, &owner, deadline);
         client

@@ -10,7 +10,7 @@
 use std::cmp::Reverse;
 use std::ops::Bound;
 
-use redis_lock_core::{Listing, Waiter, WaiterId};
+use redis_lock_core::{Listing, Waiter, WaiterId, Who};
 
 use crate::state::{self, with_waiters, WaitState};
 use crate::stats;
@@ -307,16 +307,17 @@ pub fn waited_keys(dbs: &[i32]) -> Vec<(i32, Box<[u8]>)> {
     })
 }
 
-/// The lock requests `owner` has queued, on any key of any database, for which `keep` says
+/// The lock requests `owner` (its user and name) has queued, on any key of any database, for which `keep` says
 /// yes, among the first `max` entries of its index; with how many were looked at (an entry
 /// no longer queued counts as looked at too).
 pub fn queued_of(
-    owner: &[u8],
+    owner: Who<'_>,
     max: usize,
     mut keep: impl FnMut(&state::DbKey) -> bool,
 ) -> Listing<(state::DbKey, WaiterId)> {
+    let owner = state::who_key(owner);
     with_waiters(|r| {
-        let Some(ids) = r.by_owner.get(owner) else {
+        let Some(ids) = r.by_owner.get(&owner) else {
             return Listing::walk(Vec::new(), max, |_| false);
         };
         let listing = Listing::walk(

@@ -346,15 +346,24 @@ fn many_holders(c: &mut Connection, key: &str, n: usize, capacity: Option<usize>
 
 /// The first waiter on a key with many holders, its timeout and the queue emptying do work
 /// that does not grow with the holders (SPEC.md, "Bounded cost, everywhere"): the module
-/// allocates nothing per holder for them. (Before version 4 every holder was copied into the
-/// deadlock index when the queue appeared, and dropped when it emptied.)
+/// allocates nothing per holder for them, and the deadlock index files the key once. (Before
+/// version 4 every holder was copied into the deadlock index when the queue appeared, and
+/// dropped when it emptied.) Nor do the holders cost the index anything while nobody waits
+/// (the first version 4 index filed every reader of a shared key at its grant).
 #[test]
 fn the_first_waiter_costs_nothing_per_holder() {
     const N: usize = 3_000;
     let server = Server::start();
     let mut c = server.client();
+    // Holders of a key nobody waits for cost the index nothing, shared or not.
+    let writes_before = index_writes(&mut c);
     many_holders(&mut c, "wide", N, None);
     many_holders(&mut c, "sem", N, Some(N));
+    assert_eq!(
+        index_writes(&mut c),
+        writes_before,
+        "readers of a key nobody waits for were indexed"
+    );
     let requests: [(&str, &[&str]); 2] = [
         ("wide", &["LOCK.ACQUIRE", "wide", "w", LONG, "WAIT", "300"]),
         (
@@ -373,6 +382,12 @@ fn the_first_waiter_costs_nothing_per_holder() {
             blocks_waiting - blocks_before
         );
         let writes_waiting = index_writes(&mut c);
+        // Filed once (under the one user of its holders), not per holder; a semaphore never.
+        assert!(
+            writes_waiting - writes_before <= 2,
+            "{key}: the first waiter wrote {} index entries",
+            writes_waiting - writes_before
+        );
         // Its timeout empties the queue again.
         assert_eq!(waiter.join().unwrap(), Value::Nil, "{key}: times out");
         wait_until("the queue is empty", || waiting(&mut c, key) == 0);
@@ -382,10 +397,10 @@ fn the_first_waiter_costs_nothing_per_holder() {
             "{key}: {} blocks moved by the queue emptying",
             blocks_after - blocks_before
         );
-        assert_eq!(
-            index_writes(&mut c),
-            writes_waiting,
-            "{key}: the queue emptying rewrote index entries"
+        assert!(
+            index_writes(&mut c) - writes_waiting <= 1,
+            "{key}: the queue emptying wrote {} index entries",
+            index_writes(&mut c) - writes_waiting
         );
     }
 }

@@ -176,7 +176,8 @@ fn lock_queues_reports_only_keys_the_caller_may_read() {
 }
 
 /// Tenant A, queueing under tenant B's owner names on its own keys, cannot make B's request
-/// fail with -DEADLOCK: the cycle runs through keys bob may not read.
+/// fail with -DEADLOCK: the cycle runs through keys bob may not read, and (version 4) through
+/// owners that are alice's, not bob's.
 #[test]
 fn a_tenant_cannot_make_anothers_request_a_deadlock() {
     let server = Server::start();
@@ -214,13 +215,14 @@ fn a_tenant_cannot_make_anothers_request_a_deadlock() {
         &["LOCK.ACQUIRE", "tenantB:y", "b-1", LONG, "WAIT", "0"],
         1,
     );
-    // The default user (allkeys) sees the whole cycle: the same request is refused.
-    let e = err(
+    // Nor is it a cycle for anyone since version 4: an owner is (user, name), so alice's b-1
+    // and b-2 are not bob's, and not the default user's either (who reads every key): the
+    // same request from the default user waits too (and times out).
+    assert!(is_nil(
         &mut admin,
-        &["LOCK.ACQUIRE", "tenantB:y", "b-1", LONG, "WAIT", "0"],
-    );
-    assert!(e.starts_with("DEADLOCK"), "{e}");
-    assert_eq!(info_field(&mut admin, "deadlocks_total"), 1);
+        &["LOCK.ACQUIRE", "tenantB:y", "b-1", LONG, "WAIT", "200"]
+    ));
+    assert_eq!(info_field(&mut admin, "deadlocks_total"), 0);
     // Bob's request is served normally when b-2 lets go.
     int(&mut bob, &["LOCK.RELEASE", "tenantB:y", "b-2"]);
     assert!(token(b1) > 0);
@@ -622,8 +624,9 @@ fn an_out_of_reach_queued_request_does_not_hide_a_cycle_within_reach() {
     drop(waiters);
 }
 
-/// The same through the keys an owner holds: bob's owner "b-W" holds 30 tenantB keys that
-/// have waiters (out of carol's reach, and listed before her keys, which sort after them) and
+/// The same through the keys an owner holds: carol's owner "b-W" holds 30 tenantB keys that
+/// have waiters (taken while her patterns covered them, now out of her reach, and listed
+/// before her keys, which sort after them) and
 /// carol's tenantC:h, where c waits; c holds tenantC:r; b-W waits for a on tenantC:w; a asking
 /// for tenantC:r closes a -> c -> b-W -> a. With `lock.deadlock-budget` 20, the 30 keys left
 /// out are visits too: the check is cut and counted (it used to answer "no cycle", uncounted,
@@ -646,13 +649,16 @@ fn out_of_reach_held_keys_are_charged_and_cut_the_check() {
         ],
     )
     .expect("ACL SETUSER");
-    let mut bob = login(&server, "bob");
+    // Carol may first use bob's keys too: she holds 30 of them as b-W, bob waits on each;
+    // then her patterns are narrowed to her own keys (her connection stays). Her own holds
+    // there are now out of her reach.
+    query(&mut admin, &["ACL", "SETUSER", "carol", "~tenantB:*"]).expect("ACL SETUSER");
     let mut carol = login(&server, "carol");
     let n = 30;
     let mut waiters = Vec::new();
     for i in 0..n {
         let key = format!("tenantB:{i:02}");
-        int(&mut bob, &["LOCK.ACQUIRE", &key, "b-W", LONG]);
+        int(&mut carol, &["LOCK.ACQUIRE", &key, "b-W", LONG]);
         waiters.push(queue_as(
             &server,
             &mut admin,
@@ -661,6 +667,11 @@ fn out_of_reach_held_keys_are_charged_and_cut_the_check() {
             1,
         ));
     }
+    query(
+        &mut admin,
+        &["ACL", "SETUSER", "carol", "resetkeys", "~tenantC:*"],
+    )
+    .expect("ACL SETUSER");
     int(&mut carol, &["LOCK.ACQUIRE", "tenantC:h", "b-W", LONG]);
     int(&mut carol, &["LOCK.ACQUIRE", "tenantC:r", "c", LONG]);
     int(&mut carol, &["LOCK.ACQUIRE", "tenantC:w", "a", LONG]);
@@ -803,4 +814,117 @@ fn a_queues_reply_cut_short_says_so_and_a_prefix_finds_ones_own() {
     int(&mut alice, &["LOCK.RELEASE", "tenantA:stuck", "a"]);
     assert!(token(stuck) > 0);
     drop(conns);
+}
+
+/// Holds that another user made under the same owner name are someone else's for deadlock
+/// detection (SPEC.md, "Tenants, version 4"): alice holds 600 of her own keys as `w1`, each
+/// with a waiter; bob's `w1` / `w2` two-owner cycle is still refused at once, and no check is
+/// cut. (Before, alice's 600 entries were charged to bob's budget: bob's request waited out
+/// its WAIT and got nil, and the cut counter rose.)
+#[test]
+fn another_users_holds_under_the_same_name_cost_nothing() {
+    let server = Server::start();
+    let mut admin = server.client();
+    add_tenants(&mut admin);
+    let mut alice = login(&server, "alice");
+    let n = 600;
+    let mut p = redis::pipe();
+    for i in 0..n {
+        p.cmd("LOCK.ACQUIRE")
+            .arg(format!("tenantA:{i:03}"))
+            .arg("w1")
+            .arg(LONG)
+            .ignore();
+    }
+    let () = p.query(&mut alice).expect("alice's holds");
+    let mut conns = Vec::new();
+    for i in 0..n {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        send_raw(&mut s, &["AUTH", "alice", "pw"]).expect("send");
+        send_raw(
+            &mut s,
+            &[
+                "LOCK.ACQUIRE",
+                &format!("tenantA:{i:03}"),
+                &format!("x{i}"),
+                LONG,
+                "WAIT",
+                "0",
+            ],
+        )
+        .expect("send");
+        conns.push(s);
+    }
+    wait_until("alice's 600 waiters", || {
+        info_field(&mut admin, "waiters") == n
+    });
+    let mut bob = login(&server, "bob");
+    int(&mut bob, &["LOCK.ACQUIRE", "tenantB:a", "w1", LONG]);
+    int(&mut bob, &["LOCK.ACQUIRE", "tenantB:b", "w2", LONG]);
+    let w2_waits = queue_as(
+        &server,
+        &mut admin,
+        "bob",
+        &["LOCK.ACQUIRE", "tenantB:a", "w2", LONG, "WAIT", "30000"],
+        1,
+    );
+    let cut_before = info_field(&mut admin, "deadlock_checks_cut_total");
+    let reply = query(
+        &mut bob,
+        &["LOCK.ACQUIRE", "tenantB:b", "w1", LONG, "WAIT", "2000"],
+    );
+    match reply {
+        Err(e) => assert!(e.to_string().contains("DEADLOCK"), "{e}"),
+        Ok(v) => panic!("bob's w1 closing its cycle was answered {v:?}, not -DEADLOCK"),
+    }
+    assert_eq!(
+        info_field(&mut admin, "deadlock_checks_cut_total"),
+        cut_before,
+        "bob's check was cut"
+    );
+    assert_eq!(info_field(&mut admin, "deadlocks_total"), 1);
+    // bob's w1 lets go: w2 is granted.
+    int(&mut bob, &["LOCK.RELEASE", "tenantB:a", "w1"]);
+    assert!(token(w2_waits) > 0);
+    drop(conns);
+}
+
+/// The user of a request is the connection's user when it runs: a connection that
+/// authenticates as another user makes its next holds and requests as that user (the module
+/// keeps each connection's user between commands and must forget it on AUTH).
+#[test]
+fn a_connection_that_changes_user_asks_as_its_new_user() {
+    let server = Server::start();
+    let mut admin = server.client();
+    for user in ["u1", "u2"] {
+        query(
+            &mut admin,
+            &["ACL", "SETUSER", user, "on", ">pw", "~*", "+@all"],
+        )
+        .expect("ACL SETUSER");
+    }
+    let mut c = login(&server, "u1");
+    int(&mut c, &["LOCK.ACQUIRE", "x", "w1", LONG]);
+    let mut other = login(&server, "u1");
+    int(&mut other, &["LOCK.ACQUIRE", "y", "w2", LONG]);
+    // u1's w2 waits for u1's w1.
+    let w2_waits = queue_as(
+        &server,
+        &mut admin,
+        "u1",
+        &["LOCK.ACQUIRE", "x", "w2", LONG, "WAIT", "30000"],
+        1,
+    );
+    // As u2, "w1" is another owner: asking for y closes no cycle (it waits, and times out).
+    query(&mut c, &["AUTH", "u2", "pw"]).expect("AUTH");
+    assert!(is_nil(
+        &mut c,
+        &["LOCK.ACQUIRE", "y", "w1", LONG, "WAIT", "200"]
+    ));
+    // As u1 again, it is u1's w1, which w2 waits for: refused.
+    query(&mut c, &["AUTH", "u1", "pw"]).expect("AUTH");
+    let e = err(&mut c, &["LOCK.ACQUIRE", "y", "w1", LONG, "WAIT", "30000"]);
+    assert!(e.starts_with("DEADLOCK"), "{e}");
+    int(&mut c, &["LOCK.RELEASE", "x", "w1"]);
+    assert!(token(w2_waits) > 0);
 }

@@ -41,7 +41,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
-use super::{Lock, Mode, WaiterId};
+use super::{Lock, Mode, UserId, WaiterId, Who};
 
 /// What the search needs from the server: the keys and queued requests of an owner, within
 /// the requester's reach (the Redis side leaves out keys the requesting user may not read),
@@ -61,11 +61,11 @@ pub trait WaitGraph {
     /// The keys that `owner` holds and that may have waiters (a superset is fine: a key
     /// where it holds nothing or nobody waits gives nothing), among the first `max` entries
     /// of the index.
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<Self::Key>;
+    fn held_by(&mut self, owner: Who<'_>, max: usize) -> Listing<Self::Key>;
 
     /// The lock requests `owner` has queued (semaphore requests may be left out: they wait
     /// for nobody), each key and waiter id, among the first `max` entries of the index.
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(Self::Key, WaiterId)>;
+    fn queued_by(&mut self, owner: Who<'_>, max: usize) -> Listing<(Self::Key, WaiterId)>;
 
     /// Runs `f` on the lock stored at `key`; `None` when there is none (gone, another type,
     /// out of reach).
@@ -179,6 +179,26 @@ fn earlier(a: Option<Option<WaiterId>>, b: Option<Option<WaiterId>>) -> Option<O
     }
 }
 
+/// An owner reached by the search (see [`Who`]), kept.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Party {
+    user: UserId,
+    owner: Box<[u8]>,
+}
+
+impl Party {
+    fn of(who: Who<'_>) -> Self {
+        Party {
+            user: who.user,
+            owner: who.owner.into(),
+        }
+    }
+
+    fn who(&self) -> Who<'_> {
+        Who::new(self.user, &self.owner)
+    }
+}
+
 /// Why an expansion stopped.
 struct OutOfBudget;
 
@@ -187,12 +207,12 @@ struct OutOfBudget;
 /// one visit).
 fn enumerate(
     lock: &Lock,
-    target: &[u8],
+    target: Who<'_>,
     reach: Reach,
     after: Option<WaiterId>,
     marks: &mut Marks,
     budget: &mut Budget,
-    out: &mut Vec<Box<[u8]>>,
+    out: &mut Vec<Party>,
 ) -> Result<(), OutOfBudget> {
     let covered = match reach {
         Reach::All => marks.all,
@@ -213,8 +233,8 @@ fn enumerate(
             Reach::All => waiter.mode != Mode::Permit,
             Reach::Writers => waiter.mode == Mode::Write,
         };
-        if waits && *waiter.owner != *target {
-            out.push(waiter.owner.clone());
+        if waits && waiter.who() != target {
+            out.push(Party::of(waiter.who()));
         }
     }
     match reach {
@@ -235,15 +255,19 @@ enum Place {
 /// `place` (its hold, or its queued request).
 fn waiting_for(
     lock: &Lock,
-    target: &[u8],
+    target: Who<'_>,
     place: Place,
     marks: &mut Marks,
     budget: &mut Budget,
-    out: &mut Vec<Box<[u8]>>,
+    out: &mut Vec<Party>,
 ) -> Result<(), OutOfBudget> {
     let (mode, after) = match place {
         Place::Holding => {
-            if lock.holders().get(target).is_none() {
+            if !lock
+                .holders()
+                .get(target.owner)
+                .is_some_and(|h| target.holds(h))
+            {
                 return Ok(());
             }
             match lock.holders().mode() {
@@ -252,7 +276,7 @@ fn waiting_for(
             }
         }
         Place::Queued(id) => match lock.queue().get(id) {
-            Some(w) if *w.owner == *target => (w.mode, Some(id)),
+            Some(w) if w.who() == target => (w.mode, Some(id)),
             _ => return Ok(()),
         },
     };
@@ -286,10 +310,10 @@ impl<G: WaitGraph> Search<'_, G> {
     /// requests there too): the edges that close a cycle onto the requester.
     fn predecessors(
         &mut self,
-        owner: &[u8],
+        owner: Who<'_>,
         queued: &[(G::Key, WaiterId)],
         held_only: bool,
-        out: &mut Vec<Box<[u8]>>,
+        out: &mut Vec<Party>,
     ) -> Result<(), OutOfBudget> {
         let held = self.graph.held_by(owner, self.budget.listing_max());
         if !self.budget.spend_n(held.walked) {
@@ -309,7 +333,12 @@ impl<G: WaitGraph> Search<'_, G> {
             let budget = &mut self.budget;
             self.graph
                 .with_lock(key, |lock| {
-                    if held_only && lock.holders().get(owner).is_none() {
+                    if held_only
+                        && !lock
+                            .holders()
+                            .get(owner.owner)
+                            .is_some_and(|h| owner.holds(h))
+                    {
                         return Ok(());
                     }
                     waiting_for(lock, owner, Place::Queued(*id), marks, budget, out)
@@ -324,7 +353,7 @@ impl<G: WaitGraph> Search<'_, G> {
     /// not. Runs out of budget when the listing stopped at the budget's limit.
     fn queued_of(
         &mut self,
-        owner: &[u8],
+        owner: Who<'_>,
         max: usize,
     ) -> Result<Listing<(G::Key, WaiterId)>, OutOfBudget> {
         let queued = self
@@ -356,7 +385,7 @@ const PEEK: usize = 16;
 /// waits for the new link). The peek's looks are visits too.
 pub fn check_request<G: WaitGraph>(
     graph: &mut G,
-    requester: &[u8],
+    requester: Who<'_>,
     mode: Mode,
     key: &G::Key,
     lock: &Lock,
@@ -372,8 +401,8 @@ pub fn check_request<G: WaitGraph>(
 }
 
 /// The blockers of the request when there are at most [`PEEK`] of them, `None` otherwise.
-fn few_blockers(lock: &Lock, requester: &[u8], mode: Mode) -> Option<Vec<Box<[u8]>>> {
-    let mut out: Vec<Box<[u8]>> = Vec::new();
+fn few_blockers(lock: &Lock, requester: Who<'_>, mode: Mode) -> Option<Vec<Party>> {
+    let mut out: Vec<Party> = Vec::new();
     let holders_conflict = lock
         .holders()
         .mode()
@@ -382,9 +411,10 @@ fn few_blockers(lock: &Lock, requester: &[u8], mode: Mode) -> Option<Vec<Box<[u8
         if lock.holders().len() > PEEK {
             return None;
         }
-        for (owner, _) in lock.holders().iter() {
-            if owner != requester {
-                out.push(owner.into());
+        for (owner, holder) in lock.holders().iter() {
+            let who = Who::new(holder.user, owner);
+            if who != requester {
+                out.push(Party::of(who));
             }
         }
     }
@@ -397,7 +427,7 @@ fn few_blockers(lock: &Lock, requester: &[u8], mode: Mode) -> Option<Vec<Box<[u8
     if lock
         .queue()
         .iter()
-        .any(|(_, w)| *w.owner != *requester && conflict(mode, w.mode))
+        .any(|(_, w)| w.who() != requester && conflict(mode, w.mode))
     {
         return None;
     }
@@ -406,7 +436,7 @@ fn few_blockers(lock: &Lock, requester: &[u8], mode: Mode) -> Option<Vec<Box<[u8
 
 fn run<G: WaitGraph>(
     search: &mut Search<'_, G>,
-    requester: &[u8],
+    requester: Who<'_>,
     mode: Mode,
     key: &G::Key,
     lock: &Lock,
@@ -420,7 +450,7 @@ fn run<G: WaitGraph>(
         // only (nor may the answer depend on whether it waits out of reach).
         let mut any_waits = false;
         for owner in blockers {
-            if search.queued_of(&owner, 1)?.walked > 0 {
+            if search.queued_of(owner.who(), 1)?.walked > 0 {
                 any_waits = true;
                 break;
             }
@@ -440,8 +470,8 @@ fn run<G: WaitGraph>(
     // The marks of that first pass covered only the requester's held keys, and left out its
     // own waiters there: start the search proper afresh.
     search.marks.clear();
-    let mut seen: HashSet<Box<[u8]>> = HashSet::new();
-    let mut todo: VecDeque<Box<[u8]>> = VecDeque::new();
+    let mut seen: HashSet<Party> = HashSet::new();
+    let mut todo: VecDeque<Party> = VecDeque::new();
     for owner in start {
         if seen.insert(owner.clone()) {
             todo.push_back(owner);
@@ -452,12 +482,12 @@ fn run<G: WaitGraph>(
         if !search.budget.spend() {
             return Err(OutOfBudget);
         }
-        let queued = search.queued_of(&owner, usize::MAX)?.items;
-        if *owner != *requester && is_blocker(lock, &owner, &queued, mode, key) {
+        let queued = search.queued_of(owner.who(), usize::MAX)?.items;
+        if owner.who() != requester && is_blocker(lock, owner.who(), &queued, mode, key) {
             return Ok(Verdict::Cycle);
         }
         found.clear();
-        search.predecessors(&owner, &queued, false, &mut found)?;
+        search.predecessors(owner.who(), &queued, false, &mut found)?;
         for next in found.drain(..) {
             if !seen.contains(&next) {
                 seen.insert(next.clone());
@@ -474,12 +504,15 @@ fn run<G: WaitGraph>(
 /// requests.
 fn is_blocker<K: PartialEq>(
     lock: &Lock,
-    owner: &[u8],
+    owner: Who<'_>,
     queued: &[(K, WaiterId)],
     mode: Mode,
     key: &K,
 ) -> bool {
-    let holds = lock.holders().get(owner).is_some()
+    let holds = lock
+        .holders()
+        .get(owner.owner)
+        .is_some_and(|h| owner.holds(h))
         && lock
             .holders()
             .mode()
@@ -490,7 +523,7 @@ fn is_blocker<K: PartialEq>(
                 && lock
                     .queue()
                     .get(*id)
-                    .is_some_and(|w| *w.owner == *owner && conflict(mode, w.mode))
+                    .is_some_and(|w| w.who() == owner && conflict(mode, w.mode))
         })
 }
 

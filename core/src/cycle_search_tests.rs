@@ -27,6 +27,17 @@ impl Keys {
     }
 
     fn request(&mut self, owner: &str, key: usize, mode: Mode, wait: bool) -> Acquired {
+        self.request_as(0, owner, key, mode, wait)
+    }
+
+    fn request_as(
+        &mut self,
+        user: crate::UserId,
+        owner: &str,
+        key: usize,
+        mode: Mode,
+        wait: bool,
+    ) -> Acquired {
         let id = WaiterId(self.next_id);
         self.next_id += 1;
         let mut events = Vec::new();
@@ -40,7 +51,10 @@ impl Keys {
             owner: owner.as_bytes(),
             mode,
             ttl: 1_000_000,
-            options: HoldOptions::default(),
+            options: HoldOptions {
+                user,
+                ..HoldOptions::default()
+            },
             capacity: 0,
         };
         self.locks[key].request(req, wait.then_some(id), &mut step)
@@ -74,7 +88,8 @@ impl Keys {
 impl WaitGraph for Keys {
     type Key = usize;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> Listing<usize> {
+    fn held_by(&mut self, who: crate::Who<'_>, max: usize) -> Listing<usize> {
+        let owner = who.owner;
         self.held_lookups += 1;
         let held = (0..self.locks.len()).filter(|k| {
             !self.locks[*k].queue().is_empty() && self.locks[*k].holders().get(owner).is_some()
@@ -82,11 +97,11 @@ impl WaitGraph for Keys {
         Listing::walk(held, max, |k| !self.hidden.contains(k))
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> Listing<(usize, WaiterId)> {
+    fn queued_by(&mut self, who: crate::Who<'_>, max: usize) -> Listing<(usize, WaiterId)> {
         let mut out = Vec::new();
         for (k, lock) in self.locks.iter().enumerate() {
             for (id, w) in lock.queue().iter() {
-                if *w.owner == *owner {
+                if w.who() == who {
                     out.push((k, id));
                 }
             }
@@ -116,14 +131,26 @@ fn readers_that_wait_for_nothing_cost_nothing() {
     keys.queue("writer", 0, W);
     keys.hold("o", 1, W);
     keys.queue("bystander", 1, W);
-    let (verdict, used) =
-        check_request(&mut keys.clone_graph(), b"o", W, &0, &keys.locks[0], 1_000);
+    let (verdict, used) = check_request(
+        &mut keys.clone_graph(),
+        crate::Who::new(0, b"o"),
+        W,
+        &0,
+        &keys.locks[0],
+        1_000,
+    );
     assert_eq!(verdict, Verdict::NoCycle);
     assert!(used < 20, "{used} visits");
     // The writer waits for o: now the request would close a cycle, found as cheaply.
     keys.queue("writer", 1, W);
-    let (verdict, used) =
-        check_request(&mut keys.clone_graph(), b"o", W, &0, &keys.locks[0], 1_000);
+    let (verdict, used) = check_request(
+        &mut keys.clone_graph(),
+        crate::Who::new(0, b"o"),
+        W,
+        &0,
+        &keys.locks[0],
+        1_000,
+    );
     assert_eq!(verdict, Verdict::Cycle);
     assert!(used < 20, "{used} visits");
 }
@@ -147,7 +174,7 @@ fn a_long_chain_is_found_within_its_budget_and_cut_below_it() {
     }
     let (verdict, used) = check_request(
         &mut keys.clone_graph(),
-        b"o",
+        crate::Who::new(0, b"o"),
         W,
         &0,
         &keys.locks[0],
@@ -156,19 +183,33 @@ fn a_long_chain_is_found_within_its_budget_and_cut_below_it() {
     assert_eq!(verdict, Verdict::Cycle);
     assert!(used >= n && used <= 6 * n, "{used} visits");
     for budget in [0, 1, 100, used - 1] {
-        let (verdict, spent) =
-            check_request(&mut keys.clone_graph(), b"o", W, &0, &keys.locks[0], budget);
+        let (verdict, spent) = check_request(
+            &mut keys.clone_graph(),
+            crate::Who::new(0, b"o"),
+            W,
+            &0,
+            &keys.locks[0],
+            budget,
+        );
         assert_eq!(verdict, Verdict::Cut, "budget {budget}");
         assert!(spent <= budget);
     }
     assert_eq!(
-        check_request(&mut keys.clone_graph(), b"o", W, &0, &keys.locks[0], used).0,
+        check_request(
+            &mut keys.clone_graph(),
+            crate::Who::new(0, b"o"),
+            W,
+            &0,
+            &keys.locks[0],
+            used
+        )
+        .0,
         Verdict::Cycle
     );
     // Another requester holding nothing anyone waits for: no walk.
     let (verdict, used) = check_request(
         &mut keys.clone_graph(),
-        b"p",
+        crate::Who::new(0, b"p"),
         W,
         &0,
         &keys.locks[0],
@@ -199,7 +240,7 @@ fn a_queue_reached_through_many_holders_is_listed_once() {
     keys.hold("x", 2, W);
     let (verdict, used) = check_request(
         &mut keys.clone_graph(),
-        b"o",
+        crate::Who::new(0, b"o"),
         W,
         &2,
         &keys.locks[2],
@@ -217,7 +258,7 @@ fn semaphore_requests_are_never_checked() {
     assert_eq!(
         check_request(
             &mut keys.clone_graph(),
-            b"o",
+            crate::Who::new(0, b"o"),
             Mode::Permit,
             &0,
             &keys.locks[0],
@@ -240,7 +281,7 @@ fn a_chain_built_in_order_costs_each_link_a_peek() {
         let owner = format!("c{i}");
         let (verdict, used) = check_request(
             &mut keys.clone_graph(),
-            owner.as_bytes(),
+            crate::Who::new(0, owner.as_bytes()),
             W,
             &(i + 1),
             &keys.locks[i + 1],
@@ -268,7 +309,14 @@ fn an_out_of_reach_first_request_does_not_hide_a_cycle() {
         keys.hold("a", 1, W);
         keys.hold("bw", 2, W);
         keys.queue("bw", 1, W);
-        check_request(&mut keys.clone_graph(), b"a", W, &2, &keys.locks[2], 500)
+        check_request(
+            &mut keys.clone_graph(),
+            crate::Who::new(0, b"a"),
+            W,
+            &2,
+            &keys.locks[2],
+            500,
+        )
     };
     assert_eq!(verdict(false).0, Verdict::Cycle);
     assert_eq!(verdict(true).0, Verdict::Cycle);
@@ -297,7 +345,7 @@ fn out_of_reach_entries_are_charged_and_a_short_listing_is_a_cut() {
     let check = |budget: usize| {
         check_request(
             &mut keys.clone_graph(),
-            b"a",
+            crate::Who::new(0, b"a"),
             W,
             &requested,
             &keys.locks[requested],
@@ -332,7 +380,7 @@ fn a_queue_listing_stopped_at_the_limit_is_a_cut() {
     let check = |budget: usize| {
         check_request(
             &mut keys.clone_graph(),
-            b"a",
+            crate::Who::new(0, b"a"),
             W,
             &requested,
             &keys.locks[requested],
@@ -342,4 +390,38 @@ fn a_queue_listing_stopped_at_the_limit_is_a_cut() {
     };
     assert_eq!(check(usize::MAX), Verdict::Cycle);
     assert_eq!(check(20), Verdict::Cut);
+}
+
+/// An owner is the pair (user, name): holds and requests that another user made under the
+/// same name are someone else's, so they close no cycle with the requester (SPEC.md,
+/// "Tenants, version 4").
+#[test]
+fn owners_of_different_users_are_different_owners() {
+    let mut keys = Keys::new(2);
+    assert!(matches!(
+        keys.request_as(1, "a", 0, W, false),
+        Acquired::Granted { .. }
+    ));
+    assert!(matches!(
+        keys.request_as(1, "b", 1, W, false),
+        Acquired::Granted { .. }
+    ));
+    assert_eq!(keys.request_as(1, "b", 0, W, true), Acquired::Queued);
+    // User 1's "a" asking for key 1 closes a ... -> a -> b -> a cycle.
+    let check = |keys: &Keys, user| {
+        check_request(
+            &mut keys.clone_graph(),
+            crate::Who::new(user, b"a"),
+            W,
+            &1,
+            &keys.locks[1],
+            1_000,
+        )
+        .0
+    };
+    assert_eq!(check(&keys, 1), Verdict::Cycle);
+    // User 2's "a" holds nothing user 1's "b" waits for.
+    assert_eq!(check(&keys, 2), Verdict::NoCycle);
+    // Nor does a hold of unknown user (loaded) belong to anyone who asks.
+    assert_eq!(check(&keys, crate::UNKNOWN_USER), Verdict::NoCycle);
 }

@@ -59,6 +59,7 @@ impl System {
             mode,
             ttl,
             options: HoldOptions {
+                user: crate::UNKNOWN_USER,
                 bound_to: None,
                 lock_delay: if mode == Mode::Write { lock_delay } else { 0 },
             },
@@ -152,14 +153,16 @@ impl System {
 impl crate::WaitGraph for System {
     type Key = usize;
 
-    fn held_by(&mut self, owner: &[u8], max: usize) -> crate::Listing<usize> {
+    fn held_by(&mut self, who: crate::Who<'_>, max: usize) -> crate::Listing<usize> {
+        let owner = who.owner;
         let held: Vec<usize> = (0..self.locks.len())
             .filter(|k| self.locks[*k].holders().get(owner).is_some())
             .collect();
         crate::Listing::walk(held, max, |_| true)
     }
 
-    fn queued_by(&mut self, owner: &[u8], max: usize) -> crate::Listing<(usize, WaiterId)> {
+    fn queued_by(&mut self, who: crate::Who<'_>, max: usize) -> crate::Listing<(usize, WaiterId)> {
+        let owner = who.owner;
         let mut out = Vec::new();
         for (k, lock) in self.locks.iter().enumerate() {
             for (id, w) in lock.queue().iter() {
@@ -180,8 +183,14 @@ impl crate::WaitGraph for System {
 /// visits it made.
 fn searched(s: &System, owner: &[u8], key: usize, mode: Mode) -> (bool, usize) {
     let mut copy = s.clone();
-    let (verdict, used) =
-        crate::check_request(&mut copy, owner, mode, &key, &s.locks[key], usize::MAX);
+    let (verdict, used) = crate::check_request(
+        &mut copy,
+        crate::Who::new(0, owner),
+        mode,
+        &key,
+        &s.locks[key],
+        usize::MAX,
+    );
     assert_ne!(verdict, crate::Verdict::Cut);
     (verdict == crate::Verdict::Cycle, used)
 }
@@ -878,8 +887,14 @@ fn check_system(ops: &[SysOp], stats: &mut Stats) -> Result<(), String> {
                 }
                 for budget in [0, used / 2, used.saturating_sub(1), used] {
                     let mut copy = s.clone();
-                    let (verdict, spent) =
-                        crate::check_request(&mut copy, &name, mode, &k, &s.locks[k], budget);
+                    let (verdict, spent) = crate::check_request(
+                        &mut copy,
+                        crate::Who::new(0, &name),
+                        mode,
+                        &k,
+                        &s.locks[k],
+                        budget,
+                    );
                     let expected = if budget >= used {
                         if backward {
                             crate::Verdict::Cycle

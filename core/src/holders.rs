@@ -7,7 +7,9 @@
 //! timer) and the latest one (for the key's Redis TTL) are read without a scan.
 
 use super::indexed::Indexed;
-use super::{HoldOptions, Millis, Mode};
+#[cfg(doc)]
+use super::UNKNOWN_USER;
+use super::{HoldOptions, Millis, Mode, UserId};
 
 /// One owner's hold on a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +18,10 @@ pub struct Holder {
     /// The semaphore's capacity for a [`Mode::Permit`] hold (every permit holder of a key has
     /// the same), 0 for a lock. It sits in what would be padding after `mode`.
     pub capacity: u32,
+    /// The ACL user that made the hold (the server's number for it), [`UNKNOWN_USER`] when
+    /// not known. A re-entry, by whichever user, does not change it. It too sits in what
+    /// would be padding.
+    pub user: UserId,
     /// Reentrancy count (for a semaphore: permits held), at least 1 while the holder exists.
     pub count: u64,
     /// Absolute time (ms) at which the hold ends unless extended.
@@ -344,6 +350,16 @@ impl HolderSet {
         }
     }
 
+    /// The distinct users of the holders ([`Holder::user`]), in O(distinct users): one
+    /// holder's, or the list the many-holder form keeps.
+    pub fn users(&self) -> Box<dyn Iterator<Item = UserId> + '_> {
+        match &self.repr {
+            Repr::Empty | Repr::Delayed(_) => Box::new(std::iter::empty()),
+            Repr::One(_, h) => Box::new(std::iter::once(h.user)),
+            Repr::Many(m) => Box::new(m.users()),
+        }
+    }
+
     /// The sum of the holders' counts: for a semaphore, the permits held.
     pub fn total_count(&self) -> u64 {
         match &self.repr {
@@ -402,5 +418,15 @@ impl HolderSet {
             Repr::One(o, h) => o.heap_size() + options(h),
             Repr::Many(m) => m.heap_size() + m.iter().map(|(_, h)| options(h)).sum::<usize>(),
         }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// The user of a hold sits in what was padding: a holder is no larger than before it had
+    /// one (memory per reader is a published figure).
+    #[test]
+    fn a_holder_is_48_bytes() {
+        assert_eq!(std::mem::size_of::<super::Holder>(), 48);
     }
 }

@@ -14,7 +14,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
-use super::{Holder, Millis};
+use super::{Holder, Millis, UserId};
 
 /// No next entry in a hash chain.
 const END: usize = usize::MAX;
@@ -65,6 +65,10 @@ pub(crate) struct Indexed {
     hasher: RandomState,
     /// The sum of the holders' counts (a semaphore's permits held), kept so it is read in O(1).
     total: u64,
+    /// The distinct users of the holders, with how many holders each has: what deadlock
+    /// detection files a key with many holders under (one entry per user, not per holder).
+    /// ACL users are few (the operator makes them), so this is a short list.
+    users: Vec<(UserId, u32)>,
     /// Whether `heads` and `by_expiry` are kept (more than [`SMALL`] holders); both are empty
     /// otherwise.
     indexed: bool,
@@ -118,6 +122,29 @@ impl Indexed {
 
     pub(crate) fn total(&self) -> u64 {
         self.total
+    }
+
+    /// The distinct users of the holders (see [`Holder::user`]).
+    pub(crate) fn users(&self) -> impl Iterator<Item = UserId> + '_ {
+        self.users.iter().map(|(u, _)| *u)
+    }
+
+    fn count_user(&mut self, user: UserId) {
+        match self.users.iter_mut().find(|(u, _)| *u == user) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => self.users.push((user, 1)),
+        }
+    }
+
+    fn uncount_user(&mut self, user: UserId) {
+        if let Some(at) = self.users.iter().position(|(u, _)| *u == user) {
+            if let Some((_, n)) = self.users.get_mut(at) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.users.swap_remove(at);
+                }
+            }
+        }
     }
 
     pub(crate) fn earliest_expiry(&self) -> Option<Millis> {
@@ -194,6 +221,7 @@ impl Indexed {
             END
         };
         self.total = self.total.saturating_add(holder.count);
+        self.count_user(holder.user);
         // Grow by a quarter rather than doubling: a large set of readers then leaves at most a
         // fifth of the slab unused instead of half (the allocator's size classes are a quarter
         // apart too). Still amortized O(1) per insert.
@@ -303,6 +331,7 @@ impl Indexed {
         }
         let removed = self.entries.swap_remove(at);
         self.total = self.total.saturating_sub(removed.holder.count);
+        self.uncount_user(removed.holder.user);
         if self.indexed && self.entries.len() <= SMALL / 2 {
             self.drop_indexes();
         }
@@ -322,6 +351,7 @@ impl Indexed {
             + self.entries.iter().map(|e| e.owner.len()).sum::<usize>()
             + self.heads.capacity() * (std::mem::size_of::<(u64, usize)>() + 1)
             + self.by_expiry.len() * std::mem::size_of::<(Millis, usize)>()
+            + self.users.capacity() * std::mem::size_of::<(UserId, u32)>()
     }
 
     /// Checks the indexes against the entries (tests).
@@ -395,6 +425,7 @@ mod tests {
 
     fn holder(count: u64, expires_at: Millis) -> Holder {
         Holder {
+            user: crate::UNKNOWN_USER,
             mode: Mode::Read,
             capacity: 0,
             count,

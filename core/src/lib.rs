@@ -35,6 +35,7 @@ pub mod reference;
 mod tests;
 
 pub use cycle_search::{check_request, Listing, Verdict, WaitGraph};
+
 pub use holders::{Holder, HolderSet, PackedOptions, INLINE_OWNER};
 pub use queue::{WaitQueue, Waiter};
 
@@ -101,6 +102,39 @@ pub struct HoldOptions {
     /// For an exclusive hold: when it ends other than by release (expiry, its connection
     /// closing), nobody is granted the lock for this many ms after.
     pub lock_delay: Millis,
+    /// Who asks: the ACL user of the requesting connection, as the server numbers its users
+    /// ([`UNKNOWN_USER`] when it is not known). It becomes the hold's [`Holder::user`] (it is
+    /// not kept among the hold's options): deadlock detection tells owners apart by user and
+    /// name.
+    pub user: UserId,
+}
+
+/// A server's number for an ACL user (the Redis side interns user names). Deadlock detection
+/// takes an owner to be the pair (user, owner name): see [`Who`].
+pub type UserId = u16;
+
+/// The user of a hold whose maker is not known (loaded from an RDB file or the AOF, restored,
+/// received from a master): the Redis side indexes such holds on nobody's walk.
+pub const UNKNOWN_USER: UserId = 0;
+
+/// An owner as deadlock detection sees it: the ACL user that made the hold or request, and
+/// the owner name. Two holds under one name made by different users are different owners
+/// for detection (though the lock itself treats the name as one owner).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Who<'a> {
+    pub user: UserId,
+    pub owner: &'a [u8],
+}
+
+impl<'a> Who<'a> {
+    pub fn new(user: UserId, owner: &'a [u8]) -> Self {
+        Who { user, owner }
+    }
+
+    /// Does `holder`, held under this owner's name, belong to this owner?
+    pub fn holds(&self, holder: &Holder) -> bool {
+        holder.user == self.user
+    }
 }
 
 /// One request for a lock: who, how, for how long, with what options.
@@ -1020,10 +1054,14 @@ impl Lock {
         if mode != Mode::Write {
             options.lock_delay = 0;
         }
+        // The user goes in the holder (in what would be padding), not among the options,
+        // which would then be allocated for every hold.
+        let user = std::mem::replace(&mut options.user, UNKNOWN_USER);
         self.holders.insert(
             owner,
             Holder {
                 mode,
+                user,
                 capacity: if mode == Mode::Permit { capacity } else { 0 },
                 count: 1,
                 expires_at: step.now.saturating_add(ttl),

@@ -22,6 +22,13 @@ pub struct Waiter {
     pub capacity: u32,
 }
 
+impl Waiter {
+    /// The owner as deadlock detection sees it: its user (from its options) and name.
+    pub fn who(&self) -> crate::Who<'_> {
+        crate::Who::new(self.options.user, &self.owner)
+    }
+}
+
 /// The queue of one lock. Most locks never have a waiter, so the map is allocated only while
 /// someone waits (an empty queue is one null pointer).
 #[derive(Clone, Debug, Default)]

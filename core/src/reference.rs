@@ -528,6 +528,7 @@ fn owner_bytes(o: u8) -> [u8; 2] {
 /// The options a new hold gets from a request: LOCKDELAY is dropped for a shared one.
 fn hold_options(mode: Mode, asked: HoldOptions) -> HoldOptions {
     HoldOptions {
+        user: crate::UNKNOWN_USER,
         bound_to: asked.bound_to,
         lock_delay: if mode == Mode::Write {
             asked.lock_delay
@@ -749,6 +750,7 @@ pub fn run_from(ops: &[Op], start: u64, stats: &mut Stats) -> Result<(), String>
                     next_id
                 });
                 let options = HoldOptions {
+                    user: crate::UNKNOWN_USER,
                     bound_to: bind,
                     lock_delay,
                 };
@@ -799,6 +801,7 @@ pub fn run_from(ops: &[Op], start: u64, stats: &mut Stats) -> Result<(), String>
                     next_id
                 });
                 let options = HoldOptions {
+                    user: crate::UNKNOWN_USER,
                     bound_to: bind,
                     lock_delay,
                 };

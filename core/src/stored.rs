@@ -170,6 +170,7 @@ pub fn decode_with(
             return Err("duplicate owner".into());
         }
         let holder = Holder {
+            user: crate::UNKNOWN_USER,
             mode,
             capacity,
             count,
@@ -426,6 +427,7 @@ mod tests {
             mode: Mode::Write,
             ttl: MAX_DURATION,
             options: HoldOptions {
+                user: crate::UNKNOWN_USER,
                 bound_to: None,
                 lock_delay: MAX_DURATION,
             },

@@ -181,6 +181,7 @@ fn decode(state: &[u8]) -> Result<Decoded, ArgError> {
             decoded.mode = Mode::Permit;
         }
         decoded.options = HoldOptions {
+            user: crate::UNKNOWN_USER,
             bound_to: bound.then_some(bound_to),
             lock_delay,
         };
@@ -256,6 +257,7 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, ArgError> {
         capacity,
     } = decode(state)?;
     let holder = (count > 0).then(|| Holder {
+        user: crate::UNKNOWN_USER,
         mode,
         capacity,
         count,
@@ -320,6 +322,7 @@ mod tests {
     fn the_binary_state_is_42_bytes_and_round_trips_extreme_values() {
         for v in [0, 1, 255, 1 << 40, MAX_TOKEN] {
             let h = Holder {
+                user: crate::UNKNOWN_USER,
                 mode: Mode::Read,
                 capacity: 0,
                 count: 1,
@@ -342,6 +345,7 @@ mod tests {
         assert_eq!(
             sync.holder,
             Some(Holder {
+                user: crate::UNKNOWN_USER,
                 mode: Mode::Read,
                 capacity: 0,
                 count: 2,
@@ -359,6 +363,7 @@ mod tests {
     #[test]
     fn a_malformed_binary_state_is_refused() {
         let holder = |token| Holder {
+            user: crate::UNKNOWN_USER,
             mode: Mode::Write,
             capacity: 0,
             count: 1,
@@ -397,6 +402,7 @@ mod tests {
             Some(&Holder {
                 mode: Mode::Read,
                 options: PackedOptions::new(HoldOptions {
+                    user: crate::UNKNOWN_USER,
                     bound_to: None,
                     lock_delay: 5,
                 }),
@@ -460,6 +466,7 @@ mod tests {
     #[test]
     fn options_and_a_pending_delay_travel_in_version_2() {
         let bound = Holder {
+            user: crate::UNKNOWN_USER,
             mode: Mode::Write,
             capacity: 0,
             count: 3,
@@ -467,6 +474,7 @@ mod tests {
             token: 9,
             granted_at: 0,
             options: PackedOptions::new(HoldOptions {
+                user: crate::UNKNOWN_USER,
                 bound_to: Some(0),
                 lock_delay: MAX_DURATION,
             }),
@@ -506,6 +514,7 @@ mod tests {
     #[test]
     fn a_permit_travels_in_version_2_with_its_capacity() {
         let permit = Holder {
+            user: crate::UNKNOWN_USER,
             mode: Mode::Permit,
             capacity: crate::MAX_CAPACITY,
             count: 2,
@@ -525,6 +534,7 @@ mod tests {
         v1[9] = 2;
         assert_eq!(parse_sync(&[b"o", &v1]), Err(ArgError::Syntax));
         let zero = Holder {
+            user: crate::UNKNOWN_USER,
             mode: Mode::Permit,
             capacity: 0,
             count: 1,

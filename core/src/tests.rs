@@ -125,6 +125,7 @@ impl Bench {
 
 fn opts(bound_to: Option<u64>, lock_delay: Millis) -> HoldOptions {
     HoldOptions {
+        user: crate::UNKNOWN_USER,
         bound_to,
         lock_delay,
     }
@@ -655,6 +656,7 @@ fn direct_changes_are_reported_for_replication() {
 #[test]
 fn restoring_checks_what_an_rdb_load_or_a_replicated_state_may_hold() {
     let holder = |mode, count, token| Holder {
+        user: crate::UNKNOWN_USER,
         mode,
         capacity: 0,
         count,
@@ -1155,6 +1157,7 @@ fn a_key_keeps_its_kind_and_capacity_while_it_exists() {
 #[test]
 fn a_restored_permit_must_fit_the_semaphore() {
     let permit = |capacity, count, token| Holder {
+        user: crate::UNKNOWN_USER,
         mode: Mode::Permit,
         capacity,
         count,
@@ -1185,6 +1188,7 @@ fn a_restored_permit_must_fit_the_semaphore() {
         Err(RestoreError::Capacity)
     );
     let writer = Holder {
+        user: crate::UNKNOWN_USER,
         mode: Mode::Write,
         capacity: 0,
         count: 1,
@@ -1296,6 +1300,7 @@ fn a_hold_that_ends_reports_how_long_it_was_held() {
         mode: Mode::Read,
         ttl: 10_000,
         options: HoldOptions {
+            user: crate::UNKNOWN_USER,
             bound_to: Some(9),
             lock_delay: 0,
         },
@@ -1306,6 +1311,7 @@ fn a_hold_that_ends_reports_how_long_it_was_held() {
     assert_eq!(held(&mut events), vec![75]);
     // A restored hold (its start unknown) reports nothing when it ends.
     let restored = Holder {
+        user: crate::UNKNOWN_USER,
         mode: Mode::Write,
         capacity: 0,
         count: 1,
@@ -1356,6 +1362,7 @@ fn a_single_plain_holder_round_trips_through_from_single() {
         mode: Mode::Write,
         ttl: 1_000,
         options: HoldOptions {
+            user: crate::UNKNOWN_USER,
             bound_to: None,
             lock_delay: 100,
         },

@@ -3,7 +3,9 @@
 //! natively; `waiters` replies when it is granted, times out or leaves).
 
 use redis_lock_core::parse::{Accepts, AcquireArgs};
-use redis_lock_core::{parse, Acquired, HoldOptions, Mode, Request, Verdict, Waiter};
+use redis_lock_core::{
+    parse, Acquired, HoldOptions, Mode, Request, Verdict, Waiter, Who, UNKNOWN_USER,
+};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::errors::{
@@ -14,7 +16,7 @@ use crate::errors::{
 use crate::sys::acl;
 use crate::sys::commands::Command;
 use crate::sys::context;
-use crate::{blocking, contention, deadlock, eviction, settle, stats, waiters};
+use crate::{blocking, deadlock, eviction, settle, stats, users, waiters};
 
 use super::common::split_key;
 
@@ -80,9 +82,17 @@ fn request(
     if let Some(message) = eviction::refusal(&flags) {
         return Err(RedisError::Str(message));
     }
+    // Who asks, for deadlock detection's (user, owner) identity: only lock holds and waits
+    // take part in it, so a permit request does not read its user.
+    let user = if mode == Mode::Permit {
+        UNKNOWN_USER
+    } else {
+        users::current(ctx, &flags)
+    };
     let options = HoldOptions {
         bound_to: req.bind.then(|| context::client_id(ctx)),
         lock_delay: req.lock_delay,
+        user,
     };
     let request = Request {
         owner: req.owner,
@@ -100,12 +110,12 @@ fn request(
     let queued_here = lock_key.existing_or_new()?.waiters();
     let wants_to_wait = req.wait.is_some() && may_block;
     // Only a request that may block is counted against its user's limit.
-    let user = if wants_to_wait {
+    let user_name = if wants_to_wait {
         acl::current_user_name(ctx)
     } else {
         None
     };
-    let user_full = match (&user, crate::config::max_waiters_per_user()) {
+    let user_full = match (&user_name, crate::config::max_waiters_per_user()) {
         (Some(user), Some(limit)) => waiters::count_of_user(user) >= limit,
         _ => false,
     };
@@ -128,13 +138,11 @@ fn request(
         .apply(|lock, step| lock.request(request, wait_id, step))
         .ok_or(RedisError::Str(KEY_VANISHED))?;
     // A requester that holds no key anyone waits for cannot close a cycle: no walk.
-    if detect
-        && outcome == Acquired::Busy
-        && contention::holds_contended(req.owner, waiters::has_queue)
-    {
+    let who = Who::new(user, req.owner);
+    if detect && outcome == Acquired::Busy && deadlock::may_close_cycle(ctx, who) {
         let budget = crate::config::deadlock_budget();
         let verdict = match lock_key.existing()? {
-            Some(value) => deadlock::check_here(ctx, req.owner, mode, key, &value.view(), budget),
+            Some(value) => deadlock::check_here(ctx, who, mode, key, &value.view(), budget),
             None => Verdict::NoCycle,
         };
         match verdict {
@@ -175,7 +183,7 @@ fn request(
                 options,
                 capacity,
             };
-            if blocking::block(ctx, id, db, key, waiter, timeout, user) {
+            if blocking::block(ctx, id, db, key, waiter, timeout, user_name) {
                 lock_key.notify(c"lock.queued");
                 // The reply comes from the blocked-client callbacks.
                 Ok(RedisValue::NoReply)

@@ -106,6 +106,23 @@ pub fn current_user_name(ctx: &Context) -> Option<Box<[u8]>> {
     }
 }
 
+/// Lends the name of the user running the current command to `f` (`None` for a client that
+/// has no user of its own, see [`client_user_name`]), without copying it.
+pub fn with_current_user_name<R>(ctx: &Context, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    let ClientUser::Named(name) = client_user_name(ctx) else {
+        return f(None);
+    };
+    let r = super::context::with_bytes(name, |b| f(Some(b)));
+    // SAFETY: `name` is a string we own (see `client_user_name`), freed once, here, after
+    // the borrow lent to `f` has ended.
+    unsafe {
+        if let Some(free) = raw::RedisModule_FreeString {
+            free(ptr::null_mut(), name);
+        }
+    }
+    r
+}
+
 /// The user of the client running the current command.
 enum ClientUser {
     /// A client without a user of its own, which the server lets do everything: the

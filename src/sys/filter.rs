@@ -20,11 +20,41 @@ pub trait CommandStart: 'static {
     fn pending() -> bool;
     /// Does it, inside the panic guard.
     fn on_command_start();
+    /// A command that can change which ACL user its connection runs as (`AUTH`, `HELLO`,
+    /// `RESET`) is about to run, or to be queued in a MULTI.
+    fn on_user_change();
 }
 
-extern "C" fn on_command<H: CommandStart>(_fctx: *mut raw::RedisModuleCommandFilterCtx) {
+/// Can the command named `name` change its connection's user? A length test first, so most
+/// commands cost one comparison.
+fn may_change_user(name: &[u8]) -> bool {
+    match name.len() {
+        4 => name.eq_ignore_ascii_case(b"auth"),
+        5 => name.eq_ignore_ascii_case(b"hello") || name.eq_ignore_ascii_case(b"reset"),
+        _ => false,
+    }
+}
+
+extern "C" fn on_command<H: CommandStart>(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if H::pending() {
         guard_silent("command filter", H::on_command_start);
+    }
+    let mut len: usize = 0;
+    // SAFETY: fctx is the live filter context of this call; ArgGet returns its argument 0 (or
+    // NULL), which lives as long as the call; StringPtrLen only reads it, and the slice is
+    // used before the call returns.
+    let changes_user = unsafe {
+        let name =
+            raw::RedisModule_CommandFilterArgGet.map_or(std::ptr::null_mut(), |f| f(fctx, 0));
+        if name.is_null() {
+            false
+        } else {
+            let p = raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |g| g(name, &mut len));
+            !p.is_null() && may_change_user(std::slice::from_raw_parts(p.cast::<u8>(), len))
+        }
+    };
+    if changes_user {
+        guard_silent("command filter", H::on_user_change);
     }
 }
 
