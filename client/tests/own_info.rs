@@ -83,9 +83,7 @@ impl Monitor {
     fn settle(&self, server: &Server, marker: &str) {
         let mut c = raw_conn(server.port);
         query(&mut c, &["LOCK.INFO", marker]).expect("LOCK.INFO");
-        wait_until("MONITOR shows the marker", || {
-            self.plain_reads(marker) >= 1
-        });
+        wait_until("MONITOR shows the marker", || self.plain_reads(marker) >= 1);
     }
 }
 
@@ -249,7 +247,10 @@ fn redlock_checks_read_the_owners_own_entry() {
             .collect();
         assert!(plain.is_empty(), "plain LOCK.INFO sent: {plain:?}");
     }
-    assert!(monitors[0].owner_reads("r", g.owner()) >= 2, "hold_count, re-read");
+    assert!(
+        monitors[0].owner_reads("r", g.owner()) >= 2,
+        "hold_count, re-read"
+    );
 }
 
 #[test]

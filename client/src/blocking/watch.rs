@@ -351,7 +351,12 @@ impl WatchLink {
             owners
                 .into_iter()
                 .enumerate()
-                .map(|(j, owner)| (self.info_form.cmd(key, &owner), slot(Some(owner), j + 1 == n)))
+                .map(|(j, owner)| {
+                    (
+                        self.info_form.cmd(key, &owner),
+                        slot(Some(owner), j + 1 == n),
+                    )
+                })
                 .collect(),
         )
     }

@@ -434,10 +434,13 @@ impl Watch {
 /// granted may show the key as it was before). `G` is a face's guard state.
 pub(crate) struct Watched<G> {
     pub(crate) core: Watch,
-    /// By key: (server index, guard, first re-read that may judge it, its owner).
-    guards: HashMap<String, Vec<(usize, Weak<G>, u64, String)>>,
+    guards: HashMap<String, Vec<WatchedGuard<G>>>,
     reads_sent: u64,
 }
+
+/// One guard under a watcher: (server index, guard, number of the first re-read that may judge
+/// it, its owner).
+type WatchedGuard<G> = (usize, Weak<G>, u64, String);
 
 impl<G> Default for Watched<G> {
     fn default() -> Self {

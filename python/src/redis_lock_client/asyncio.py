@@ -155,7 +155,7 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
     async def owned(self) -> bool:
         if self.local.token is None:
             return False
-        return await drive_async(self._owned_steps(), self._perform)  # type: ignore[no-any-return]
+        return await drive_async(self._owned_steps(), self._perform)
 
     async def release(self) -> None:
         token, hold = self._release_token()

@@ -139,7 +139,7 @@ class Lock(core.LockBase, redis.lock.Lock):
 
     def owned(self) -> bool:
         """True when this lock's token (this thread's, with ``thread_local``) holds it."""
-        return drive(self._owned_steps(), self._perform) if self.local.token is not None else False  # type: ignore[no-any-return]
+        return drive(self._owned_steps(), self._perform) if self.local.token is not None else False
 
     def release(self) -> None:
         """Releases the lock (all of the owner's holds). ``LockError`` when this thread does
