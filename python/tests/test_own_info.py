@@ -135,6 +135,7 @@ def test_sync_checks_read_the_owners_own_entry(server: kit.Server, r: "redis.Red
     assert monitor.owner_reads("e", d.local.token) >= 1, "extend's script"
     assert monitor.owner_reads("t", "mine") >= 1
     assert monitor.plain() == []
+    d.release()  # its watchdog ends with it
 
 
 def test_asyncio_checks_read_the_owners_own_entry(server: kit.Server, r: "redis.Redis[bytes]", monitor: Monitor) -> None:
@@ -163,6 +164,7 @@ def test_asyncio_checks_read_the_owners_own_entry(server: kit.Server, r: "redis.
         assert await d.extend(5)
         monitor.settle(r)
         assert monitor.owner_reads("e", d.local.token) >= 1
+        await d.release()
         await (c.aclose() if hasattr(c, "aclose") else c.close())
 
     asyncio.run(main())
@@ -225,6 +227,9 @@ def test_sync_checks_work_on_an_older_module(old_server: kit.Server) -> None:
         assert d.extend(5)
         info = parse_info(admin.execute_command("LOCK.INFO", "e"))
         assert info is not None and info.holders[0].ttl_ms > 30000, info
+        # Their watchdogs end with them (none may outlive this server).
+        d.release()
+        rl.release()
     finally:
         mon.close()
 
