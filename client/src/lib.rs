@@ -257,8 +257,10 @@
 //! over one connection per server in RESP3 with `CLIENT TRACKING on BCAST NOLOOP PREFIX <key>`
 //! for the keys its guards hold (sync: the link, see [connections](#connections); async: the
 //! shared multiplexed connection). When anyone else changes a held key, the server pushes an
-//! invalidation; the client reads `LOCK.INFO` of the key and the key's guards decide whether
-//! their owner still holds it. The client's short commands (try-acquires, extends, releases) go
+//! invalidation; the client reads `LOCK.INFO key OWNER owner` for each owner among the key's
+//! guards (that owner's entry alone: O(1) on the server whatever the number of holders; the
+//! plain `LOCK.INFO key` on a server whose module predates `OWNER`) and those guards decide
+//! whether their owner still holds it. The client's short commands (try-acquires, extends, releases) go
 //! over that connection and, with `NOLOOP`, push nothing, so a held lock costs the server no
 //! more than its extends (a bound guard's extends, over its own connection, cost a re-read
 //! each); each key's re-reads are at least 5 ms apart, changes in between coalesced into the

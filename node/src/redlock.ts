@@ -25,6 +25,8 @@ import {
   extendArgs,
   failureError,
   infoArgs,
+  ownerFormRefused,
+  ownerInfoArgs,
   releaseArgs,
   vote,
   voteError,
@@ -131,6 +133,8 @@ export default class Redlock extends EventEmitter {
   private readonly live = new Set<Hold>();
   /** This process's waits per server and key, in call order (see WaitLines). */
   private readonly lines = new WaitLines();
+  /** Servers whose module refused `LOCK.INFO key OWNER owner` (before 0.4.0): the plain form. */
+  private readonly plainInfo = new WeakSet<Target>();
 
   /**
    * @param clients One client per server (ioredis `Redis` or `Cluster`, node-redis v4/v5/v6): at least one.
@@ -209,6 +213,27 @@ export default class Redlock extends EventEmitter {
   // ---- I/O helpers -------------------------------------------------------------------------
 
   /** A command that does not wait, on the endpoint's command connection; re-sent once after a cluster redirect. */
+  /**
+   * What server `t` says of `owner`'s hold of `key`, through `send`: `LOCK.INFO key OWNER owner`
+   * (that entry alone, O(1) on the server whatever the number of holders), or the plain form on
+   * a server whose module predates the option (learnt from its refusal, then kept for it).
+   */
+  private async ownInfo(t: Target, key: string, owner: string, send: (args: Arg[]) => Promise<Reply>): Promise<LockInfo | null> {
+    if (!this.plainInfo.has(t)) {
+      try {
+        const reply = await send(ownerInfoArgs(key, owner));
+        if (reply instanceof ServerReplyError) throw reply;
+        return parseInfo(reply);
+      } catch (e) {
+        if (!ownerFormRefused(e)) throw e;
+        this.plainInfo.add(t);
+      }
+    }
+    const reply = await send(infoArgs(key));
+    if (reply instanceof ServerReplyError) throw reply;
+    return parseInfo(reply);
+  }
+
   private async short(t: Target, ep: Endpoint, key: string, args: Arg[], deadline: number): Promise<Reply> {
     try {
       // The command connection may have to be opened first: that counts against the same
@@ -317,7 +342,16 @@ export default class Redlock extends EventEmitter {
     try {
       if (signal?.aborted) throw signal.reason;
       const reply = conn.send(build(left), deadline);
-      turn.sent(reply, async () => holdsOrWaits(parseInfo(await (await withDeadline(ep.command(), PROBE_DEADLINE_MS, ep.name)).send(infoArgs(key), PROBE_DEADLINE_MS)), owner));
+      turn.sent(reply, async () => {
+        const c = await withDeadline(ep.command(), PROBE_DEADLINE_MS, ep.name);
+        const send = (a: Arg[]): Promise<Reply> => c.send(a, PROBE_DEADLINE_MS);
+        const info = await this.ownInfo(t, key, owner, send);
+        if (holdsOrWaits(info, owner)) return true;
+        // The owner form lists at most the first 1000 queued clients: a longer queue is read whole.
+        const ws = info?.raw.get("waiters");
+        if (info && Array.isArray(ws) && info.waiting > ws.length) return holdsOrWaits(parseInfo(await send(infoArgs(key))), owner);
+        return false;
+      });
       outcome = acquireOutcome(await reply);
     } catch (e) {
       outcome = acquireOutcome(e instanceof Error ? e : new Error(String(e)));
@@ -483,7 +517,8 @@ export default class Redlock extends EventEmitter {
         const sent = now();
         let ttl: number | null | undefined;
         try {
-          const info = parseInfo(await this.short(t, await t.endpointFor(key, deadline), key, ["LOCK.INFO", key], deadline));
+          const ep = await t.endpointFor(key, deadline);
+          const info = await this.ownInfo(t, key, owner, (a) => this.short(t, ep, key, a, deadline));
           ttl = info?.holders.find((h) => h.owner === owner)?.ttl ?? null;
         } catch {
           ttl = undefined; // no answer: keep the lease as counted from the reply
@@ -682,7 +717,8 @@ export default class Redlock extends EventEmitter {
     const key = hold.resources[resource] as string;
     let info: LockInfo | null | undefined;
     try {
-      info = parseInfo(await this.short(t, await t.endpointFor(key), key, infoArgs(key), 1000));
+      const ep = await t.endpointFor(key);
+      info = await this.ownInfo(t, key, hold.owner, (a) => this.short(t, ep, key, a, 1000));
     } catch {
       info = undefined;
     }

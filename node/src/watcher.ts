@@ -1,7 +1,8 @@
 /**
  * The loss watcher's face (decisions in `core/watch.ts`): per endpoint, tracking on the
  * endpoint's command connection redirected to a subscriber connection of its own; each
- * invalidation of a watched key is followed by a `LOCK.INFO` over the command connection,
+ * invalidation of a watched key is followed by a `LOCK.INFO key OWNER owner` per owner among
+ * the key's holds (a plain `LOCK.INFO key` on a server whose module predates `OWNER`) over the command connection,
  * judged for each watched hold. A bound hold's connection closing is a loss at once
  * ("connection-closed"); the command connection closing makes the watcher open it again,
  * register every key and re-read every key. A re-read that cannot be done declares nothing
@@ -241,7 +242,8 @@ class EndpointWatcher {
       return;
     }
     const cmdReplies = plan.commands.map((c) => settle(conn.send(c, IO_DEADLINE_MS)));
-    const readReplies = plan.reads.map(([key]) => settle(conn.send(["LOCK.INFO", key], IO_DEADLINE_MS)));
+    const { cmds: readCmds, sent } = this.core.readRequests(plan);
+    const readReplies = readCmds.map((c) => settle(conn.send(c, IO_DEADLINE_MS)));
     let reconnect = false;
     for (const r of await Promise.all(cmdReplies)) {
       if (this.core.registeredReply(r.reply, r.error)) reconnect = true;
@@ -253,15 +255,17 @@ class EndpointWatcher {
       return;
     }
     const failed: Array<[string, number]> = [];
-    plan.reads.forEach(([key, number], i) => {
-      const r = reads[i];
-      if (!r) return;
-      if (r.error instanceof ConnectionLostError) {
+    let at = 0;
+    for (const [key, number, owners] of sent) {
+      const mine = reads.slice(at, at + owners.length);
+      at += owners.length;
+      if (mine.length < owners.length || mine.some((r) => r.error instanceof ConnectionLostError)) {
         failed.push([key, number]);
-        return;
+        continue;
       }
-      for (const [reg, cause] of this.core.readDone(key, number, r.reply, r.error)) this.lost(reg as Reg, cause);
-    });
+      const got = new Map(owners.map((o, i) => [o, mine[i] as { reply: Reply | undefined; error: unknown }]));
+      for (const [reg, cause] of this.core.readsDone(key, number, got)) this.lost(reg as Reg, cause);
+    }
     if (failed.length > 0) this.core.connectionLostReads(failed);
     if (reconnect && this.tracked === conn) {
       this.tracked = null;

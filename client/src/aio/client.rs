@@ -95,6 +95,7 @@ impl AsyncLockClient {
                 wait_slots: Arc::new(tokio::sync::Semaphore::new(DEFAULT_WAIT_CONNECTIONS)),
                 wait_limit: DEFAULT_WAIT_CONNECTIONS,
                 watcher: Default::default(),
+                info_form: Default::default(),
             }),
             owner: OwnerIdentity::Random,
         }
@@ -139,6 +140,29 @@ impl AsyncLockClient {
     /// does not exist.
     pub async fn info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         match self.inner.short(&info_cmd(key)).await {
+            Ok(v) => LockInfo::from_reply(&v).map_err(|e| LockError::Refused {
+                causes: self.named(Outcome::Refused(e)),
+            }),
+            Err(o) => Err(classify(&self.named(o), 1)),
+        }
+    }
+
+    /// What the server says of `owner`'s hold of `key`: `LOCK.INFO key OWNER owner`, or the
+    /// plain form on a server whose module predates the option (learnt once per client).
+    pub(crate) async fn own_info(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let form = &self.inner.info_form;
+        if form.plain_only() {
+            return self.info(key).await;
+        }
+        let reply = self.inner.short(&form.cmd(key, owner)).await;
+        if form.refused(&reply) {
+            return self.info(key).await;
+        }
+        match reply {
             Ok(v) => LockInfo::from_reply(&v).map_err(|e| LockError::Refused {
                 causes: self.named(Outcome::Refused(e)),
             }),

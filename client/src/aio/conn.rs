@@ -9,7 +9,7 @@ use redis::{AsyncConnectionConfig, Cmd, Value};
 
 use super::client::AsyncLockClient;
 use super::watch::{read_pushes, Watcher};
-use crate::proto::reply::{error_outcome, release_cmd, NO_REPLY, WAIT_REPLY_MARGIN};
+use crate::proto::reply::{error_outcome, release_cmd, InfoForm, NO_REPLY, WAIT_REPLY_MARGIN};
 use crate::{LockError, Outcome};
 
 /// Idle dedicated connections kept for waits.
@@ -158,6 +158,9 @@ pub(crate) struct Inner {
     pub(crate) wait_limit: usize,
     /// The loss watcher, over the shared connection (see [`super::watch`]).
     pub(crate) watcher: Watcher,
+    /// Whether the server takes `LOCK.INFO key OWNER owner` (the client's checks of its own
+    /// holds; learnt from an older module's refusal, see [`InfoForm`]).
+    pub(crate) info_form: InfoForm,
 }
 
 impl Inner {

@@ -143,7 +143,7 @@ impl GuardState {
             Verdict::Done(r) => r,
             Verdict::Diagnose(i) => {
                 let info = match self.clients.get(i) {
-                    Some(c) => c.info(&self.hold.key).await.ok(),
+                    Some(c) => c.own_info(&self.hold.key, &self.hold.owner).await.ok(),
                     None => None,
                 };
                 self.hold.diagnosed(info, outcomes)
@@ -360,7 +360,7 @@ impl AsyncLockGuard {
             return Ok(0);
         };
         Ok(client
-            .info(&hold.key)
+            .own_info(&hold.key, &hold.owner)
             .await?
             .map_or(0, |info| info.hold_count(&hold.owner)))
     }

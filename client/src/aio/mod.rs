@@ -10,7 +10,8 @@
 //! `LOCK.INFO`. On one server that connection speaks RESP3 with
 //! `CLIENT TRACKING on BCAST NOLOOP PREFIX <key>` for the keys the client's guards hold: when
 //! anyone else changes such a key the server pushes an invalidation, one task per client reads
-//! it, re-reads the key (`LOCK.INFO`) and the key's guards decide whether they lost their hold,
+//! it, re-reads the key (`LOCK.INFO key OWNER owner` per owner among its guards) and the key's
+//! guards decide whether they lost their hold,
 //! within about a millisecond (see [loss](crate#loss)). The client's commands on that
 //! connection push nothing (`NOLOOP`), so a held lock costs no more than its extends. A key is
 //! registered once a guard of it is granted (by one task per client, in the order decided, then

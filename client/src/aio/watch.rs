@@ -115,7 +115,7 @@ impl Inner {
             return;
         }
         let mut state = self.watcher.state();
-        if let Some(register) = state.watched.watch(key, i, guard, since) {
+        if let Some(register) = state.watched.watch(key, i, guard, &guard.hold.owner, since) {
             self.queue_locked(&mut state, &register, Some(key));
         }
     }
@@ -194,25 +194,59 @@ impl Inner {
         }
     }
 
-    /// `LOCK.INFO key`, judged by the key's guards; then the keys whose re-read is due.
+    /// `LOCK.INFO key OWNER owner` for each owner among the key's guards (a plain
+    /// `LOCK.INFO key` on a server whose module predates `OWNER`), each judged by that
+    /// owner's guards; then the keys whose re-read is due.
     async fn reread(self: &Arc<Self>, key: &str) {
-        let number = self.watcher.state().watched.next_read();
-        let reply = self.short(&info_cmd(key)).await;
-        let unanswered = matches!(reply, Err(crate::Outcome::Unreachable(_)));
-        let info = reread_info(reply);
-        let holders = info
-            .as_ref()
-            .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
-        let guards = self
-            .watcher
-            .state()
-            .watched
-            .judged_by(key, number, holders, unanswered);
-        if let Some(info) = info {
-            for (i, guard) in guards {
-                guard.check_info(i, &info);
+        let (number, owners) = {
+            let mut state = self.watcher.state();
+            let owners = state.watched.owners(key);
+            if owners.is_empty() {
+                state.watched.core.read(key);
+                return;
+            }
+            (state.watched.next_read(), owners)
+        };
+        let reads: Vec<Option<String>> = if self.info_form.plain_only() {
+            vec![None]
+        } else {
+            owners.into_iter().map(Some).collect()
+        };
+        let mut unanswered = false;
+        let mut listed = Some(0);
+        for owner in reads {
+            let reply = match &owner {
+                Some(o) => self.short(&self.info_form.cmd(key, o)).await,
+                None => self.short(&info_cmd(key)).await,
+            };
+            // An older module refuses `OWNER`: the key is due again, read in the plain form.
+            if owner.is_some() && self.info_form.refused(&reply) {
+                unanswered = true;
+                listed = None;
+                break;
+            }
+            unanswered |= matches!(reply, Err(crate::Outcome::Unreachable(_)));
+            let info = reread_info(reply);
+            listed = match (listed, &info) {
+                (Some(n), Some(i)) => Some(n + i.as_ref().map_or(0, |i| i.holders.len())),
+                _ => None,
+            };
+            let guards = self
+                .watcher
+                .state()
+                .watched
+                .judged(key, number, owner.as_deref());
+            if let Some(info) = info {
+                for (i, guard) in guards {
+                    guard.check_info(i, &info);
+                }
             }
         }
+        self.watcher
+            .state()
+            .watched
+            .core
+            .read_with(key, listed, unanswered);
         // A key changed again while this read was out is due now, or after its spacing.
         let due = self.watcher.state().watched.core.due_now(Instant::now());
         for key in due {

@@ -119,7 +119,10 @@ impl State {
         let r = match verdict {
             Verdict::Done(r) => r,
             Verdict::Diagnose(i) => {
-                let info = self.servers.info(i, &self.hold.key).ok();
+                let info = self
+                    .servers
+                    .own_info(i, &self.hold.key, &self.hold.owner)
+                    .ok();
                 self.hold.diagnosed(info, outcomes)
             }
         };
@@ -229,7 +232,7 @@ impl LockGuard {
         Ok(self
             .state
             .servers
-            .info(hold.first_server(), &hold.key)?
+            .own_info(hold.first_server(), &hold.key, &hold.owner)?
             .map_or(0, |info| info.hold_count(&hold.owner)))
     }
 

@@ -87,19 +87,57 @@ impl Servers {
 
     /// `LOCK.INFO key` on server `i`.
     pub(crate) fn info(&self, i: usize, key: &str) -> Result<Option<LockInfo>, LockError> {
-        let cmd = info_cmd(key);
+        self.info_with(i, &info_cmd(key))
+    }
+
+    /// What server `i` says of `owner`'s hold of `key`: `LOCK.INFO key OWNER owner`, or the
+    /// plain form on a server whose module predates the option
+    /// (see [`crate::proto::reply::InfoForm`]).
+    pub(crate) fn own_info(
+        &self,
+        i: usize,
+        key: &str,
+        owner: &str,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let Some(form) = self.instances.get(i).map(|s| &s.link.info_form) else {
+            return self.info(i, key);
+        };
+        if form.plain_only() {
+            return self.info(i, key);
+        }
+        let reply = self.send_to(i, &form.cmd(key, owner));
+        if form.refused(&reply) {
+            return self.info(i, key);
+        }
+        self.info_reply(i, reply)
+    }
+
+    fn info_with(&self, i: usize, cmd: &Cmd) -> Result<Option<LockInfo>, LockError> {
+        let reply = self.send_to(i, cmd);
+        self.info_reply(i, reply)
+    }
+
+    /// `cmd` to server `i` alone.
+    fn send_to(&self, i: usize, cmd: &Cmd) -> Result<Value, Outcome> {
         let cmds: Vec<Option<Cmd>> = (0..self.instances.len())
             .map(|j| (j == i).then(|| cmd.clone()))
             .collect();
+        instance::scatter_gather(&self.instances, &cmds, None)
+            .into_iter()
+            .nth(i)
+            .unwrap_or_else(|| Err(Outcome::Unreachable("no such server".into())))
+    }
+
+    fn info_reply(
+        &self,
+        i: usize,
+        reply: Result<Value, Outcome>,
+    ) -> Result<Option<LockInfo>, LockError> {
         let name = self
             .instances
             .get(i)
             .map(|s| s.name().to_string())
             .unwrap_or_default();
-        let reply = instance::scatter_gather(&self.instances, &cmds, None)
-            .into_iter()
-            .nth(i)
-            .unwrap_or_else(|| Err(Outcome::Unreachable("no such server".into())));
         match reply {
             Ok(v) => LockInfo::from_reply(&v).map_err(|e| LockError::Refused {
                 causes: vec![(name, Outcome::Refused(e))],

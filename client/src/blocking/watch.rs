@@ -5,8 +5,9 @@
 //! client's short commands (try-acquires, extends, releases, `LOCK.INFO`), pipelined from any
 //! thread: a writer puts its reply slot in line and writes under one mutex, and one reader
 //! thread hands each reply to the slot at the front. Pushes are read by the same thread: an
-//! invalidation of a watched key is followed by a `LOCK.INFO` whose answer the key's guards
-//! judge. Because the client's own commands go over the tracking connection, they push
+//! invalidation of a watched key is followed by a `LOCK.INFO key OWNER owner` per owner among
+//! the key's guards (a plain `LOCK.INFO key` on a server whose module predates `OWNER`), whose
+//! answers those guards judge. Because the client's own commands go over the tracking connection, they push
 //! nothing to it, so a held lock costs no more than its extends. A TLS server, or a server
 //! that refuses tracking, gets no link: short commands then use the pooled connections and a
 //! loss is found by extends and validity alone.
@@ -22,7 +23,7 @@ use redis::{Cmd, PushKind, Value};
 
 use super::bound::{connect_stream, Stream};
 use super::guard::State as GuardState;
-use crate::proto::reply::info_cmd;
+use crate::proto::reply::{info_cmd, InfoForm};
 use crate::proto::watch::{
     invalidated_keys, register_cmds, reread_info, tracking_on, tracking_refused, Register, Watched,
 };
@@ -38,8 +39,15 @@ type Reply = Result<Value, Outcome>;
 enum Slot {
     /// The reply of server `.0` of a caller's request.
     Caller(usize, Sender<(usize, Reply)>),
-    /// A watcher's re-read of a key, numbered.
-    Reread(String, u64),
+    /// A watcher's re-read of a key, numbered: of one owner's hold (`OWNER`), or of the whole
+    /// key (`None`); `last` for the last read of the re-read (one per owner of the key's
+    /// guards).
+    Reread {
+        key: String,
+        number: u64,
+        owner: Option<String>,
+        last: bool,
+    },
     /// The reply to a tracking registration: a refusal turns the link's watcher off.
     Tracking,
     /// A reply nobody waits for.
@@ -81,6 +89,9 @@ pub(crate) struct WatchLink {
     /// No link for this server (TLS, or tracking refused).
     off: AtomicBool,
     retry_at: Mutex<Option<Instant>>,
+    /// Whether this server takes `LOCK.INFO key OWNER owner` (the client's own checks use it
+    /// too, over this link or the pooled connections).
+    pub(crate) info_form: InfoForm,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -101,6 +112,7 @@ impl WatchLink {
             watched: Mutex::new(Watched::default()),
             off: AtomicBool::new(tls),
             retry_at: Mutex::new(None),
+            info_form: InfoForm::default(),
         }
     }
 
@@ -294,27 +306,67 @@ impl WatchLink {
 
     /// A re-read of `key` over `writer` (used while the writer mutex is held).
     fn reread_on(&self, writer: &Writer, key: String) {
-        let number = self.next_read();
+        let Some(reads) = self.reread_cmds(&key) else {
+            return;
+        };
         let mut stream = match writer.stream.try_clone() {
             Ok(s) => s,
             Err(_) => return,
         };
-        locked(&writer.slots).push_back(Slot::Reread(key.clone(), number));
-        if stream
-            .write_all(&info_cmd(&key).get_packed_command())
-            .is_err()
+        let mut bytes = Vec::new();
         {
+            let mut slots = locked(&writer.slots);
+            for (cmd, slot) in reads {
+                bytes.extend(cmd.get_packed_command());
+                slots.push_back(slot);
+            }
+        }
+        if stream.write_all(&bytes).is_err() {
             writer.alive.store(false, Ordering::SeqCst);
         }
     }
 
-    fn next_read(&self) -> u64 {
-        locked(&self.watched).next_read()
+    /// The reads that make a re-read of `key`, numbered: `LOCK.INFO key OWNER owner` for each
+    /// owner among the key's guards, or one plain `LOCK.INFO key` for a server without the
+    /// option. `None` (and the key's read done) when no guard of the key is left.
+    fn reread_cmds(&self, key: &str) -> Option<Vec<(Cmd, Slot)>> {
+        let mut watched = locked(&self.watched);
+        let owners = watched.owners(key);
+        if owners.is_empty() {
+            watched.core.read(key);
+            return None;
+        }
+        let number = watched.next_read();
+        let slot = |owner: Option<String>, last: bool| Slot::Reread {
+            key: key.to_string(),
+            number,
+            owner,
+            last,
+        };
+        if self.info_form.plain_only() {
+            return Some(vec![(info_cmd(key), slot(None, true))]);
+        }
+        let n = owners.len();
+        Some(
+            owners
+                .into_iter()
+                .enumerate()
+                .map(|(j, owner)| {
+                    (
+                        self.info_form.cmd(key, &owner),
+                        slot(Some(owner), j + 1 == n),
+                    )
+                })
+                .collect(),
+        )
     }
 
     fn reread(&self, key: String) {
-        let number = self.next_read();
-        if !self.send_slot(&info_cmd(&key), Slot::Reread(key.clone(), number)) {
+        let Some(reads) = self.reread_cmds(&key) else {
+            return;
+        };
+        let (cmds, slots): (Vec<Cmd>, Vec<Slot>) = reads.into_iter().unzip();
+        if !self.send_all(cmds.iter().zip(slots).collect()) {
             locked(&self.watched).core.read(&key);
         }
     }
@@ -406,11 +458,12 @@ impl WatchLink {
         }
         if !self.is_up() {
             // Opening it registers every watched key and re-reads each.
-            locked(&self.watched).watch(key, i, guard, since);
+            locked(&self.watched).watch(key, i, guard, &guard.hold.owner, since);
             self.connect_in_background();
             return;
         }
-        self.register_with(Some(key), |w| (w.watch(key, i, guard, since), ()));
+        let owner = &guard.hold.owner;
+        self.register_with(Some(key), |w| (w.watch(key, i, guard, owner, since), ()));
     }
 
     /// A guard of `key` is done.
@@ -461,14 +514,30 @@ impl WatchLink {
         }
     }
 
-    /// A re-read's answer, judged by the key's guards.
-    fn judge(self: &Arc<Self>, key: &str, number: u64, reply: Reply) {
-        let unanswered = matches!(reply, Err(Outcome::Unreachable(_)));
-        let info = reread_info(reply);
-        let holders = info
+    /// A re-read's answer, judged by the key's guards (those of `owner` for a read of one
+    /// owner's hold); `last`: the last read of the re-read.
+    fn judge(
+        self: &Arc<Self>,
+        key: &str,
+        number: u64,
+        owner: Option<&str>,
+        last: bool,
+        reply: Reply,
+    ) {
+        // An older module refuses `OWNER`: the key is due again, and read in the plain form.
+        let refused = owner.is_some() && self.info_form.refused(&reply);
+        let unanswered = refused || matches!(reply, Err(Outcome::Unreachable(_)));
+        let info = if refused { None } else { reread_info(reply) };
+        let listed = info
             .as_ref()
             .map(|i| i.as_ref().map_or(0, |i| i.holders.len()));
-        let guards = locked(&self.watched).judged_by(key, number, holders, unanswered);
+        let guards = {
+            let mut watched = locked(&self.watched);
+            if last || unanswered {
+                watched.core.read_with(key, listed, unanswered);
+            }
+            watched.judged(key, number, owner)
+        };
         if let Some(info) = info {
             for (i, guard) in guards {
                 guard.check_info(i, &info);
@@ -521,7 +590,12 @@ fn read_loop(
                     Some(Slot::Caller(index, tx)) => {
                         let _ = tx.send((index, reply));
                     }
-                    Some(Slot::Reread(key, number)) => me.judge(&key, number, reply),
+                    Some(Slot::Reread {
+                        key,
+                        number,
+                        owner,
+                        last,
+                    }) => me.judge(&key, number, owner.as_deref(), last, reply),
                     Some(Slot::Ignore) => {}
                     Some(Slot::Tracking) => {
                         if let Err(o) = &reply {

@@ -55,6 +55,11 @@ pub struct LockInfo {
     /// The queued clients, head first (empty on a replica, or from a module version without
     /// the field).
     pub waiters: Vec<Waiter>,
+    /// How many owners hold the key, whether `holders` lists them or not (module 0.4.0 and
+    /// later; `None` from an older module, whose `holders` lists every one). A read of one
+    /// owner's hold (`LOCK.INFO key OWNER owner`, how the client checks its own holds) lists
+    /// that owner alone: this tells whether others hold the key.
+    pub holders_count: Option<u64>,
 }
 
 impl LockInfo {
@@ -64,6 +69,13 @@ impl LockInfo {
             .iter()
             .find(|h| h.owner == owner)
             .map_or(0, |h| h.count)
+    }
+
+    /// How many owners hold the key: `holders_count` when the server says it, otherwise the
+    /// number listed (an older module lists every holder).
+    pub fn live_holders(&self) -> u64 {
+        self.holders_count
+            .unwrap_or_else(|| u64::try_from(self.holders.len()).unwrap_or(u64::MAX))
     }
 
     /// Reads a `LOCK.INFO` reply: nil is `None`; the RESP2 field-value array and the RESP3 map
@@ -89,6 +101,7 @@ impl LockInfo {
                 Some("waiting") => info.waiting = int(v)?,
                 Some("delay") => info.delay = Duration::from_millis(int(v)?),
                 Some("capacity") => info.capacity = Some(int(v)?),
+                Some("holders_count") => info.holders_count = Some(int(v)?),
                 Some("queue") => {
                     info.queue = match v {
                         Value::Array(q) => q.iter().filter_map(text).collect(),

@@ -54,7 +54,9 @@ pub(crate) fn cause_from_info(info: &Option<LockInfo>, owner: &str) -> Option<Lo
     if info.hold_count(owner) > 0 {
         return None;
     }
-    if info.holders.is_empty() {
+    // A read of this owner's hold alone lists nobody else: `holders_count` says whether others
+    // hold the key.
+    if info.live_holders() == 0 {
         Some(LossCause::Ended)
     } else {
         Some(LossCause::Taken)

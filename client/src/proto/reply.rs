@@ -170,6 +170,56 @@ pub(crate) fn info_cmd(key: &str) -> Cmd {
     cmd
 }
 
+/// How a client reads one server's `LOCK.INFO` for its own hold: `LOCK.INFO key OWNER owner`
+/// (module 0.4.0 and later: only that owner's entry, O(1) whatever the number of holders), or
+/// the plain `LOCK.INFO key` (O(holders)) for a server with an older module, which answers
+/// the owner form with a wrong-number-of-arguments error. Learnt from the first such error
+/// and kept for the server (one per server connection pool), so the owner form is not tried
+/// again on every check.
+#[derive(Debug, Default)]
+pub(crate) struct InfoForm {
+    plain_only: std::sync::atomic::AtomicBool,
+}
+
+impl InfoForm {
+    /// The command that reads `owner`'s hold of `key` on this server.
+    pub(crate) fn cmd(&self, key: &str, owner: &str) -> Cmd {
+        if self.plain_only() {
+            return info_cmd(key);
+        }
+        let mut cmd = info_cmd(key);
+        cmd.arg("OWNER").arg(owner);
+        cmd
+    }
+
+    /// Whether this server only takes the plain form.
+    pub(crate) fn plain_only(&self) -> bool {
+        self.plain_only.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether `reply` (to the owner form) is an older module's refusal of it; if so the
+    /// server gets the plain form from now on, and the caller sends that.
+    pub(crate) fn refused(&self, reply: &Result<Value, Outcome>) -> bool {
+        let Err(outcome) = reply else {
+            return false;
+        };
+        if !outcome.is_refusal() || !outcome.error_text().is_some_and(owner_form_refused) {
+            return false;
+        }
+        self.plain_only
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+}
+
+/// Whether an error reply to `LOCK.INFO key OWNER owner` means the server's module predates
+/// the option (0.3.0 and earlier: "ERR wrong number of arguments for 'lock.info' command").
+pub(crate) fn owner_form_refused(error_text: &str) -> bool {
+    error_text
+        .to_ascii_lowercase()
+        .contains("wrong number of arguments")
+}
+
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

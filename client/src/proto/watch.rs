@@ -9,8 +9,13 @@
 //! overwrite, a bound connection's close, a full resync after a failover; `FLUSHALL` pushes one
 //! with no key. Changes made over the same connection (the client's own acquires, extends and
 //! releases) push nothing, so a held lock costs no more than its extends. An invalidation
-//! only says "this key changed": the watcher reads `LOCK.INFO` of the key and the guards decide
-//! whether their owner still holds it ([`super::hold::Hold::check_info`]).
+//! only says "this key changed": the watcher reads `LOCK.INFO key OWNER owner` for each owner
+//! among the key's guards (one read when they share an owner, as they do with a fixed owner),
+//! and those guards decide whether their owner still holds it
+//! ([`super::hold::Hold::check_info`]). Each read costs the server O(1) whatever the number of
+//! holders. A server whose module predates `OWNER` (0.3.0 and earlier) gets one plain
+//! `LOCK.INFO key` instead, judged by every guard of the key
+//! ([`super::reply::InfoForm`]).
 //!
 //! A key is registered once the client holds it, not before (a request that is not granted
 //! registers nothing, so waiting and polling clients get no pushes): the registration and a
@@ -43,10 +48,11 @@ use super::reply::Outcome;
 /// noticed within this much (plus a round trip).
 pub(crate) const RECHECK_SPACING: Duration = Duration::from_millis(5);
 
-/// `LOCK.INFO` lists every holder, so a key with many holders (a read lock, a large
-/// semaphore) is re-read less often: at least this long per holder between two re-reads,
-/// which keeps one client's re-reads of a key under about 1 % of the server's time
-/// (`LOCK.INFO` costs about 0.5 µs per holder).
+/// A plain `LOCK.INFO` lists every holder, so a key whose last re-read listed many holders
+/// (a read lock or a large semaphore, on a server that only takes the plain form) is re-read
+/// less often: at least this long per holder listed between two re-reads, which keeps one
+/// client's re-reads of a key under about 1 % of the server's time (`LOCK.INFO` costs about
+/// 0.5 µs per holder listed). A read of one owner's hold lists at most one: the base spacing.
 const SPACING_PER_HOLDER: Duration = Duration::from_micros(50);
 
 /// Rebuild the registered prefixes once more than this many are stale.
@@ -428,9 +434,13 @@ impl Watch {
 /// granted may show the key as it was before). `G` is a face's guard state.
 pub(crate) struct Watched<G> {
     pub(crate) core: Watch,
-    guards: HashMap<String, Vec<(usize, Weak<G>, u64)>>,
+    guards: HashMap<String, Vec<WatchedGuard<G>>>,
     reads_sent: u64,
 }
+
+/// One guard under a watcher: (server index, guard, number of the first re-read that may judge
+/// it, its owner).
+type WatchedGuard<G> = (usize, Weak<G>, u64, String);
 
 impl<G> Default for Watched<G> {
     fn default() -> Self {
@@ -452,15 +462,34 @@ impl<G> Watched<G> {
         key: &str,
         i: usize,
         guard: &Arc<G>,
+        owner: &str,
         since: u64,
     ) -> Option<Register> {
         let register = self.core.granted(key, since);
         let first = self.reads_sent + 1;
-        self.guards
-            .entry(key.to_string())
-            .or_default()
-            .push((i, Arc::downgrade(guard), first));
+        self.guards.entry(key.to_string()).or_default().push((
+            i,
+            Arc::downgrade(guard),
+            first,
+            owner.to_string(),
+        ));
         register
+    }
+
+    /// The owners of `key`'s live guards, each once, sorted: a re-read of the key reads each
+    /// one's hold (`LOCK.INFO key OWNER owner`). Empty when no guard of the key is left.
+    pub(crate) fn owners(&self, key: &str) -> Vec<String> {
+        let owners: BTreeSet<&String> = self
+            .guards
+            .get(key)
+            .map(|l| {
+                l.iter()
+                    .filter(|(_, g, _, _)| g.strong_count() > 0)
+                    .map(|(_, _, _, o)| o)
+                    .collect()
+            })
+            .unwrap_or_default();
+        owners.into_iter().cloned().collect()
     }
 
     /// A guard of `key` is done; a rebuild of the prefixes may be due.
@@ -469,7 +498,7 @@ impl<G> Watched<G> {
             return Register::Nothing;
         };
         let before = list.len();
-        list.retain(|(_, g, _)| !std::ptr::eq(g.as_ptr(), guard));
+        list.retain(|(_, g, _, _)| !std::ptr::eq(g.as_ptr(), guard));
         let removed = before - list.len();
         if list.is_empty() {
             self.guards.remove(key);
@@ -488,22 +517,24 @@ impl<G> Watched<G> {
         self.reads_sent
     }
 
-    /// Re-read number `number` of `key` came back (see [`Watch::read_with`]): the guards it
-    /// may judge.
-    pub(crate) fn judged_by(
-        &mut self,
+    /// The guards of `key` that re-read number `number` may judge. `owner`: the read was of
+    /// that owner's hold alone (`OWNER`), which judges only that owner's guards; `None` for a
+    /// plain read, which judges them all. The face records the re-read as done once its last
+    /// read came back ([`Watch::read_with`]).
+    pub(crate) fn judged(
+        &self,
         key: &str,
         number: u64,
-        holders: Option<usize>,
-        unanswered: bool,
+        owner: Option<&str>,
     ) -> Vec<(usize, Arc<G>)> {
-        self.core.read_with(key, holders, unanswered);
         self.guards
             .get(key)
             .map(|l| {
                 l.iter()
-                    .filter(|(_, _, first)| *first <= number)
-                    .filter_map(|(i, g, _)| Some((*i, g.upgrade()?)))
+                    .filter(|(_, _, first, o)| {
+                        *first <= number && owner.is_none_or(|w| w == o.as_str())
+                    })
+                    .filter_map(|(i, g, _, _)| Some((*i, g.upgrade()?)))
                     .collect()
             })
             .unwrap_or_default()

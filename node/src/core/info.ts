@@ -39,6 +39,10 @@ export interface LockInfo {
   readonly delay: number;
   /** A semaphore's capacity (absent for a lock key). */
   readonly capacity?: number;
+  /** How many owners hold the key, listed or not (module 0.4.0+; absent from an older module,
+   *  which lists every holder). A read of one owner's entry (`OWNER`) lists that owner alone:
+   *  this says whether others hold the key. */
+  readonly holdersCount?: number;
   /** Every field as the server sent it, known or not. */
   readonly raw: ReadonlyMap<string, Reply>;
 }
@@ -82,6 +86,7 @@ export function parseInfo(reply: Reply): LockInfo | null {
     queue,
     delay: num(raw.get("delay"), "delay"),
     ...(raw.has("capacity") ? { capacity: num(raw.get("capacity"), "capacity") } : {}),
+    ...(raw.has("holders_count") ? { holdersCount: num(raw.get("holders_count"), "holders_count") } : {}),
     raw,
   };
   return info;

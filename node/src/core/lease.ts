@@ -74,7 +74,8 @@ export function quorumValidUntil(sent: number, ttl: number, now: number, driftFa
 export function causeFromInfo(info: LockInfo | null, owner: string): LossCause | null {
   if (!info) return "deleted";
   if (holdCount(info, owner) > 0) return null;
-  return info.holders.length === 0 ? "ended" : "taken";
+  // A read of this owner's entry alone lists nobody else: `holdersCount` says whether others hold.
+  return (info.holdersCount ?? info.holders.length) === 0 ? "ended" : "taken";
 }
 
 /** A loss, once recorded. */

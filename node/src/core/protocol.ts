@@ -115,6 +115,19 @@ export function extendArgs(key: string, owner: string, ttl: number): string[] {
   return ["LOCK.EXTEND", key, owner, String(ttl)];
 }
 
+/** `LOCK.INFO key OWNER owner`: that owner's entry alone (module 0.4.0+, O(1) on the server
+ *  whatever the number of holders), how the client checks its own holds. */
+export function ownerInfoArgs(key: string, owner: string): string[] {
+  return ["LOCK.INFO", key, "OWNER", owner];
+}
+
+/** Whether an error reply to {@link ownerInfoArgs} is a module older than 0.4.0 refusing the
+ *  option ("wrong number of arguments for 'lock.info' command"): that server then gets the
+ *  plain form. */
+export function ownerFormRefused(e: unknown): boolean {
+  return e instanceof ServerReplyError && e.message.toLowerCase().includes("wrong number of arg");
+}
+
 /** `LOCK.INFO key`. */
 export function infoArgs(key: string): string[] {
   return ["LOCK.INFO", key];

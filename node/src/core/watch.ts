@@ -7,8 +7,10 @@
  * connection (RESP2) subscribed to `__redis__:invalidate`, where the server names each key
  * changed by any *other* connection (a flush names none: every key). `NOLOOP` keeps our own
  * acquires, extends and releases over the command connection quiet. An invalidation only says
- * "this key may have changed": the watcher re-reads `LOCK.INFO key` and judges each
- * registration (`judge`).
+ * "this key may have changed": the watcher re-reads the key, `LOCK.INFO key OWNER owner` for
+ * each owner among its registrations (that entry alone, O(1) on the server whatever the number
+ * of holders; one plain `LOCK.INFO key` on a server whose module predates `OWNER`), and judges
+ * each registration (`judge`).
  *
  * Rules (as the other clients'):
  * - re-reads of one key at least `RECHECK_SPACING_MS` apart (and `SPACING_PER_HOLDER_MS` per
@@ -24,6 +26,7 @@
  * - after the command connection is (re)opened, every prefix is registered again and every
  *   key re-read (changes while it was down were not pushed).
  */
+import { infoArgs, ownerFormRefused, ownerInfoArgs } from "./protocol.js";
 import { ServerReplyError, type Arg, type Reply } from "./reply.js";
 
 /** How a watched hold was lost. */
@@ -41,7 +44,8 @@ export const LOSS_DESCRIPTIONS: Readonly<Record<LossCause, string>> = {
 
 /** The shortest time between two re-reads of one key (ms). */
 export const RECHECK_SPACING_MS = 5;
-/** At least this long per holder between two re-reads of a key (ms). */
+/** At least this long per holder the last re-read listed between two re-reads of a key (ms):
+ *  a plain `LOCK.INFO` lists every holder; a read of one owner's entry at most one. */
 export const SPACING_PER_HOLDER_MS = 0.05;
 /** Replace the registered set once more than this many prefixes are stale. */
 export const MAX_STALE = 64;
@@ -102,6 +106,17 @@ export function infoHolders(reply: Reply): string[] | null | undefined {
   return [];
 }
 
+/** `holders_count` of a `LOCK.INFO` reply (module 0.4.0+): how many owners hold the key,
+ *  listed or not; `undefined` when the reply has none. */
+export function infoHoldersCount(reply: Reply): number | undefined {
+  if (!Array.isArray(reply)) return undefined;
+  for (let i = 0; i + 1 < reply.length; i += 2) {
+    const v = reply[i + 1];
+    if (reply[i] === "holders_count") return typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : undefined;
+  }
+  return undefined;
+}
+
 /** A re-read's verdict for one owner: `decided` false when nothing can be concluded (the
  *  re-read failed); otherwise `cause` null (still held) or the loss's cause. */
 export interface Verdict {
@@ -123,7 +138,9 @@ export function judge(reply: Reply | undefined, error: unknown, owner: string): 
   if (holders === undefined) return { decided: false, cause: null };
   if (holders === null) return { decided: true, cause: "deleted" };
   if (holders.includes(owner)) return { decided: true, cause: null };
-  return { decided: true, cause: holders.length > 0 ? "taken" : "ended" };
+  // A read of one owner's entry lists nobody else: `holders_count` says whether others hold it.
+  const others = infoHoldersCount(reply) ?? holders.length;
+  return { decided: true, cause: others > 0 ? "taken" : "ended" };
 }
 
 /** One watched hold. */
@@ -160,6 +177,8 @@ function extend(a: Plan, b: Plan): Plan {
 /** The state of one server's watcher. */
 export class WatchCore {
   readonly regs = new Map<string, Registration[]>();
+  /** The server refused `LOCK.INFO key OWNER owner` (a module before 0.4.0): plain re-reads. */
+  plainInfo = false;
   registered = new Set<string>();
   /** The subscriber's client id while tracking is set up on the command connection. */
   redirect: bigint | null = null;
@@ -374,18 +393,56 @@ export class WatchCore {
   /** Re-read `number` of `key` came back (`error`: an error, or no answer): the registrations
    *  found lost (now removed) with their causes. A re-read that decided nothing is due again. */
   readDone(key: string, number: number, reply: Reply | undefined, error: unknown): Array<[Registration, LossCause]> {
+    return this.readsDone(key, number, new Map([[null, { reply, error }]]));
+  }
+
+  /** The commands of `plan`'s re-reads: for each key one `LOCK.INFO key OWNER owner` per owner
+   *  among its registrations, or one plain `LOCK.INFO key` on a server without the option
+   *  (`null` in `sent`); `sent` says which, for {@link readsDone}. */
+  readRequests(plan: Plan): { cmds: Arg[][]; sent: Array<[string, number, Array<string | null>]> } {
+    const cmds: Arg[][] = [];
+    const sent: Array<[string, number, Array<string | null>]> = [];
+    for (const [key, number] of plan.reads) {
+      const owners: Array<string | null> = this.plainInfo
+        ? [null]
+        : [...new Set((this.regs.get(key) ?? []).filter((r) => !r.done).map((r) => r.owner))].sort();
+      sent.push([key, number, owners]);
+      for (const o of owners) cmds.push(o === null ? infoArgs(key) : ownerInfoArgs(key, o));
+    }
+    return { cmds, sent };
+  }
+
+  /** As {@link readDone}, for a re-read made of one read per owner (`got`: owner → reply or
+   *  error; `null`: a plain read, for every owner). */
+  readsDone(
+    key: string,
+    number: number,
+    got: ReadonlyMap<string | null, { reply: Reply | undefined; error: unknown }>,
+  ): Array<[Registration, LossCause]> {
     this.inFlight.delete(key);
+    for (const [o, r] of got) {
+      // An older module: the key is due again (undecided below), read in the plain form.
+      if (o !== null && (ownerFormRefused(r.error) || ownerFormRefused(r.reply))) this.plainInfo = true;
+    }
     const list = this.regs.get(key);
     if (!list || list.length === 0) return [];
-    const holders = error === undefined && reply !== undefined && !(reply instanceof ServerReplyError) ? infoHolders(reply) : undefined;
-    const n = holders === undefined || holders === null ? null : holders.length;
+    let n: number | null = got.size > 0 ? 0 : null;
+    for (const { reply, error } of got.values()) {
+      const hs = error === undefined && reply !== undefined && !(reply instanceof ServerReplyError) ? infoHolders(reply) : undefined;
+      n = n === null || hs === undefined ? null : n + (hs === null ? 0 : hs.length);
+    }
     if (n !== null && n * SPACING_PER_HOLDER_MS > RECHECK_SPACING_MS) this.spacing.set(key, n * SPACING_PER_HOLDER_MS);
     else this.spacing.delete(key);
     const lost: Array<[Registration, LossCause]> = [];
     let undecided = false;
     for (const reg of [...list]) {
       if (reg.done || reg.first > number) continue;
-      const v = judge(reply, error, reg.owner);
+      const answer = got.get(null) ?? got.get(reg.owner);
+      if (answer === undefined) {
+        undecided = true; // an owner whose entry this re-read did not read
+        continue;
+      }
+      const v = judge(answer.reply, answer.error, reg.owner);
       if (!v.decided) undecided = true;
       else if (v.cause !== null) lost.push([reg, v.cause]);
     }

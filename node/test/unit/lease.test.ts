@@ -48,6 +48,12 @@ describe("validity", () => {
     assert.equal(causeFromInfo(held, "other"), null);
     const free = parseInfo(["mode", "free", "fence", 1n, "holders", []]);
     assert.equal(causeFromInfo(free, "me"), "ended");
+    // A read of one owner's entry (`LOCK.INFO key OWNER me`) lists nobody else: holders_count
+    // tells a hold taken by others from one that ended.
+    const othersHold = parseInfo(["mode", "write", "fence", 1n, "holders", [], "holders_count", 1n]);
+    assert.equal(causeFromInfo(othersHold, "me"), "taken");
+    const nobody = parseInfo(["mode", "free", "fence", 1n, "holders", [], "holders_count", 0n]);
+    assert.equal(causeFromInfo(nobody, "me"), "ended");
   });
 });
 

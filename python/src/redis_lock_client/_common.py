@@ -10,6 +10,7 @@ import math
 import numbers
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
@@ -378,8 +379,16 @@ def grant_token(reply: Any) -> Optional[int]:
 #: redis-py's ``extend(additional_time, replace_ttl=False)`` semantics on LOCK.EXTEND (which
 #: sets now + ttl). Returns the new ttl in ms (>= 1), or 0 when the owner holds nothing (as
 #: redis-py's script does): the caller counts its lease from the new ttl, not from 1.
+#: It reads the caller's own entry (``LOCK.INFO key OWNER owner``, O(1) whatever the number of
+#: holders); a module older than 0.4.0 refuses the option, and gets the plain form.
 EXTEND_SCRIPT = """
-local info = redis.call('LOCK.INFO', KEYS[1])
+local info = redis.pcall('LOCK.INFO', KEYS[1], 'OWNER', ARGV[1])
+if type(info) == 'table' and info.err then
+  if not string.find(string.lower(info.err), 'wrong number of arg', 1, true) then
+    return redis.error_reply(info.err)
+  end
+  info = redis.call('LOCK.INFO', KEYS[1])
+end
 if not info then return 0 end
 local holders = {}
 for i = 1, #info, 2 do
@@ -432,9 +441,51 @@ class LockInfo:
     delay: int = 0
     capacity: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict)
+    #: How many owners hold the key, listed or not (module 0.4.0+; None from an older module,
+    #: which lists every holder). A read of one owner's entry (``OWNER``) lists that owner
+    #: alone: this says whether others hold the key.
+    holders_count: Optional[int] = None
 
     def holds(self, owner: bytes) -> bool:
         return any(h.owner == owner for h in self.holders)
+
+    def live_holders(self) -> int:
+        """How many owners hold the key: ``holders_count``, else the number listed."""
+        return len(self.holders) if self.holders_count is None else self.holders_count
+
+
+def owner_form_refused(error: BaseException) -> bool:
+    """Whether an error reply to ``LOCK.INFO key OWNER owner`` is a module older than 0.4.0
+    refusing the option ("wrong number of arguments for 'lock.info' command"): the plain form
+    is then used for that server."""
+    return isinstance(error, ResponseError) and "wrong number of arg" in str(error).lower()
+
+
+#: Clients (of one server, or a cluster) whose server refused the owner form: the plain one is
+#: sent to them from then on, without trying the owner form again on every check.
+_PLAIN_INFO: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def plain_info_only(client: Any) -> bool:
+    try:
+        return client in _PLAIN_INFO
+    except TypeError:  # not weakly referenceable
+        return False
+
+
+def mark_plain_info(client: Any) -> None:
+    try:
+        _PLAIN_INFO[client] = True
+    except TypeError:
+        pass
+
+
+def info_args(key: Any, owner: Optional[bytes], plain_only: bool) -> Tuple[Any, ...]:
+    """``LOCK.INFO key OWNER owner`` (one owner's entry, O(1) on the server), or the plain
+    ``LOCK.INFO key`` when ``owner`` is None or the server does not take the option."""
+    if owner is None or plain_only:
+        return ("LOCK.INFO", key)
+    return ("LOCK.INFO", key, "OWNER", owner)
 
 
 def parse_info(reply: Any) -> Optional[LockInfo]:
@@ -458,6 +509,7 @@ def parse_info(reply: Any) -> Optional[LockInfo]:
         "delay": int(fields.pop("delay", 0) or 0),
     }
     cap = fields.pop("capacity", None)
+    count = fields.pop("holders_count", None)
     return LockInfo(
         mode=known["mode"],  # type: ignore[arg-type]
         fence=known["fence"],  # type: ignore[arg-type]
@@ -467,6 +519,7 @@ def parse_info(reply: Any) -> Optional[LockInfo]:
         delay=known["delay"],  # type: ignore[arg-type]
         capacity=None if cap is None else int(cap),
         extra=fields,
+        holders_count=None if count is None else int(count),
     )
 
 

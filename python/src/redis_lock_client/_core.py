@@ -77,7 +77,11 @@ from ._common import (
     map_response_error,
     move_to_follow,
     new_token,
+    info_args,
+    mark_plain_info,
+    owner_form_refused,
     parse_info,
+    plain_info_only,
     release_args,
     ttl_ms,
     wait_ms,
@@ -964,6 +968,30 @@ class LockBase:
         if hold is not None:
             hold.confirm(sent, self._ttl_ms / 1000)
         return True
+
+    def _own_info_steps(self, owner: bytes) -> Steps:
+        """What the server says of ``owner``'s hold: ``LOCK.INFO key OWNER owner`` (its entry
+        alone, O(1) whatever the number of holders), or the plain form for a server whose
+        module predates the option (learnt from its refusal, and kept for the client)."""
+        plain = plain_info_only(self.redis)
+        try:
+            reply = yield Run(list(info_args(self.name, owner, plain)))
+        except ResponseError as e:
+            if plain or not owner_form_refused(e):
+                raise map_response_error(e, self.name) from e
+            mark_plain_info(self.redis)
+            try:
+                reply = yield Run(["LOCK.INFO", self.name])
+            except ResponseError as e2:
+                raise map_response_error(e2, self.name) from e2
+        return parse_info(reply)
+
+    def _owned_steps(self) -> Steps:
+        token = self._store.current()[0]
+        if token is None:
+            return False
+        info = yield from self._own_info_steps(token)
+        return self._owned_in(info)
 
     def _info_steps(self) -> Steps:
         try:

@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple, Union
 
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
@@ -41,6 +41,8 @@ from ._common import (
     make_error,
     map_response_error,
     new_token,
+    info_args,
+    owner_form_refused,
     parse_info,
     release_args,
     ttl_ms,
@@ -354,6 +356,9 @@ class RedlockCore:
         #: The jitter's random source (tests replace it).
         self.random: Callable[[], float] = random.random
         self._warned_at = -math.inf
+        #: The servers that refused ``LOCK.INFO key OWNER owner`` (a module before 0.4.0):
+        #: they get the plain form from then on.
+        self.plain_info: Set[int] = set()
         self._unwarned = 0
 
     # -- acquire ------------------------------------------------------------------------------
@@ -556,7 +561,25 @@ class RedlockCore:
     def count_held(self, owner: Optional[bytes]) -> "Steps[Tuple[int, List[Outcome]]]":
         """LOCK.INFO everywhere: how many servers show the lock held (by ``owner``, or by
         anyone), and every server's outcome."""
-        answers: List[Answer] = yield Scatter(tuple(Send(i, ("LOCK.INFO", self.name)) for i in range(self.n)))
+        # With ``owner``: that owner's entry alone (``OWNER``, O(1) on the server), except on
+        # the servers known to refuse the option (a module before 0.4.0), which get the plain
+        # form, as does a server that refuses it now.
+        sends = tuple(
+            Send(i, info_args(self.name, owner, i in self.plain_info)) for i in range(self.n)
+        )
+        answers: List[Answer] = list((yield Scatter(sends)))
+        if owner is not None:
+            again = [
+                i for i, a in enumerate(answers)
+                if i not in self.plain_info and a.error is not None and owner_form_refused(a.error)
+            ]
+            if again:
+                self.plain_info.update(again)
+                retried: List[Answer] = yield Scatter(
+                    tuple(Send(i, info_args(self.name, None, True)) for i in again)
+                )
+                for i, a in zip(again, retried):
+                    answers[i] = a
         outcomes = [info_outcome(a, owner) for a in answers]
         return sum(1 for o in outcomes if o.kind == "held"), outcomes
 

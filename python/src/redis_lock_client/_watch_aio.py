@@ -257,7 +257,7 @@ class _Watcher:
             self.broken = True
 
     async def _execute(self, plan: core.Plan) -> None:
-        requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
+        requests = list(plan.commands) + self.core.read_requests(plan)
         replies: List[Tuple[Any, Optional[BaseException]]] = []
         failed = False
         unexpected: Optional[BaseException] = None

@@ -14,9 +14,11 @@ The module signals a change of the key whenever a lock's state changes (grant, r
 expiry, queue changes, a bound connection's close), Redis does on ``DEL``, eviction, overwrite
 and the flush of a full resync. ``NOLOOP`` keeps the command connection's own writes quiet, so
 a held lock costs the server its renewals and nothing more. An invalidation only says "this
-key may have changed": the watcher re-reads ``LOCK.INFO`` and judges, for each registration,
-whether its owner still holds (``judge``). A prefix also matches longer keys: the re-read
-decides.
+key may have changed": the watcher re-reads the key, ``LOCK.INFO key OWNER owner`` for each
+owner among its registrations (one entry each, O(1) on the server whatever the number of
+holders; one plain ``LOCK.INFO key`` on a server whose module predates ``OWNER``), and judges,
+for each registration, whether its owner still holds (``judge``). A prefix also matches longer
+keys: the re-read decides.
 
 Rules (as the Rust client's):
 
@@ -46,7 +48,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._common import dedicated_kwargs, parse_info, to_bytes
+from ._common import dedicated_kwargs, owner_form_refused, parse_info, to_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,9 @@ INVALIDATE_CHANNEL = b"__redis__:invalidate"
 
 #: The shortest time between two re-reads of one key (seconds).
 RECHECK_SPACING = 0.005
-#: At least this long per holder between two re-reads of a key (``LOCK.INFO`` lists every
-#: holder): a large semaphore or read lock is re-read less often.
+#: At least this long per holder the last re-read listed between two re-reads of a key: a
+#: plain ``LOCK.INFO`` (a server without ``OWNER``) lists every holder, so a large semaphore or
+#: read lock is then re-read less often. A read of one owner's entry lists at most one.
 SPACING_PER_HOLDER = 50e-6
 #: Replace the registered set once more than this many prefixes are stale.
 MAX_STALE = 64
@@ -145,6 +148,10 @@ def info_cmd(key: bytes) -> Args:
     return ("LOCK.INFO", key)
 
 
+def owner_info_cmd(key: bytes, owner: bytes) -> Args:
+    return ("LOCK.INFO", key, "OWNER", owner)
+
+
 def tracking_refused(error_text: str) -> bool:
     """Whether an error reply to a registration means the server will not track for us (an ACL
     without ``client|tracking``, an unknown subcommand). "Overlapping" prefixes are no refusal:
@@ -197,7 +204,8 @@ def judge(reply: Any, error: Optional[BaseException], owner: bytes) -> Tuple[boo
         return True, "deleted"
     if any(h.owner == owner for h in info.holders):
         return True, None
-    return True, ("taken" if info.holders else "expired")
+    # A read of one owner's entry lists nobody else: ``holders_count`` says whether others hold.
+    return True, ("taken" if info.live_holders() else "expired")
 
 
 def holder_count(reply: Any) -> Optional[int]:
@@ -271,6 +279,9 @@ class Plan:
 
     commands: List[Args] = field(default_factory=list)
     reads: List[Tuple[bytes, int]] = field(default_factory=list)
+    #: Set by :meth:`Watcher.read_requests`: for each re-read, the owners whose entries it
+    #: reads (one command each; ``None``: one plain ``LOCK.INFO key``).
+    sent: Optional[List[Tuple[bytes, int, List[Optional[bytes]]]]] = None
 
     def __bool__(self) -> bool:
         return bool(self.commands or self.reads)
@@ -298,6 +309,9 @@ class Watcher:
         self.failures = 0
         self.generation = 0  # connections set up so far
         self.queued: List[Tuple[int, Plan]] = []  # plans of ``add``/``remove`` not yet sent
+        #: The server refused ``LOCK.INFO key OWNER owner`` (a module before 0.4.0): re-reads
+        #: use the plain form from then on.
+        self.plain_info = False
 
     def queue(self, plan: Plan) -> bool:
         """Keeps a plan made outside the face's loop for its next ``step``; True when the
@@ -504,17 +518,47 @@ class Watcher:
             plan.reads.append(self._start_read(k, now))
         return plan
 
+    def read_requests(self, plan: Plan) -> List[Args]:
+        """The commands of ``plan``'s re-reads, after its ``commands``: for each key one
+        ``LOCK.INFO key OWNER owner`` per owner among its registrations (O(1) on the server
+        whatever the number of holders), or one plain ``LOCK.INFO key`` on a server that does
+        not take the option. Kept on the plan for :meth:`answered`."""
+        plan.sent = []
+        out: List[Args] = []
+        for key, number in plan.reads:
+            owners: List[Optional[bytes]]
+            if self.plain_info:
+                owners = [None]
+            else:
+                owners = list(sorted({r.owner for r in self.regs.get(key, []) if not r.done}))
+            plan.sent.append((key, number, owners))
+            out += [info_cmd(key) if o is None else owner_info_cmd(key, o) for o in owners]
+        return out
+
     def read_done(
         self, key: bytes, number: int, reply: Any, error: Optional[BaseException]
     ) -> List[Tuple[Registration, str]]:
         """Re-read ``number`` of ``key`` came back (``error``: an error reply, or none at all):
         the registrations found lost, now marked done, with their reasons (the face calls
         each ``on_loss(reason)``). A re-read that decided nothing is due again."""
+        return self.reads_done(key, number, {None: (reply, error)})
+
+    def reads_done(
+        self,
+        key: bytes,
+        number: int,
+        got: Dict[Optional[bytes], Tuple[Any, Optional[BaseException]]],
+    ) -> List[Tuple[Registration, str]]:
+        """As :meth:`read_done`, for a re-read made of one read per owner (``got``: owner →
+        reply and error; ``None``: a plain read, for every owner)."""
         self.in_flight.discard(key)
+        if any(o is not None and e is not None and owner_form_refused(e) for o, (_, e) in got.items()):
+            self.plain_info = True  # an older module: the key is due again, read plainly
         lst = self.regs.get(key)
         if not lst:
             return []
-        n = holder_count(reply) if error is None else None
+        counts = [holder_count(r) if e is None else None for r, e in got.values()]
+        n = None if not counts or None in counts else sum(c for c in counts if c is not None)
         if n is not None and n * SPACING_PER_HOLDER > RECHECK_SPACING:
             self.spacing[key] = n * SPACING_PER_HOLDER
         else:
@@ -524,6 +568,11 @@ class Watcher:
         for reg in list(lst):
             if reg.done or reg.first > number:
                 continue
+            answer = got.get(None, got.get(reg.owner))
+            if answer is None:  # an owner whose entry this re-read did not read
+                undecided = True
+                continue
+            reply, error = answer
             decided, reason = judge(reply, error, reg.owner)
             if not decided:
                 undecided = True
@@ -550,8 +599,15 @@ class Watcher:
             if self.registered_reply(reply, error):
                 reconnect = True
         lost: List[Tuple[Registration, str]] = []
-        for (key, number), (reply, error) in zip(plan.reads, replies[len(plan.commands) :]):
-            lost += self.read_done(key, number, reply, error)
+        answers = list(replies[len(plan.commands) :])
+        sent = plan.sent if plan.sent is not None else [(k, n, [None]) for k, n in plan.reads]
+        at = 0
+        for key, number, owners in sent:
+            mine = answers[at : at + len(owners)]
+            at += len(owners)
+            if len(mine) < len(owners):
+                break  # the connection failed: the reconnect re-reads
+            lost += self.reads_done(key, number, dict(zip(owners, mine)))
         return reconnect, lost
 
     def connection_lost_reads(self, reads: Sequence[Tuple[bytes, int]]) -> None:

@@ -296,7 +296,7 @@ class _Watcher:
     def _execute(self, plan: core.Plan) -> None:
         """Sends the plan's commands and re-reads as one pipeline, hands the replies to the
         core, then calls the callbacks of the locks found lost."""
-        requests = list(plan.commands) + [core.info_cmd(k) for k, _ in plan.reads]
+        requests = list(plan.commands) + self.core.read_requests(plan)
         replies: List[Tuple[Any, Optional[BaseException]]] = []
         failed = False
         unexpected: Optional[BaseException] = None

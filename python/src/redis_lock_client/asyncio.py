@@ -153,7 +153,9 @@ class Lock(core.LockBase, redis.asyncio.lock.Lock):
         return self._locked_in(await self.info())
 
     async def owned(self) -> bool:
-        return self._owned_in(await self.info()) if self.local.token is not None else False
+        if self.local.token is None:
+            return False
+        return await drive_async(self._owned_steps(), self._perform)
 
     async def release(self) -> None:
         token, hold = self._release_token()

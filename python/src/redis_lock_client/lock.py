@@ -139,7 +139,7 @@ class Lock(core.LockBase, redis.lock.Lock):
 
     def owned(self) -> bool:
         """True when this lock's token (this thread's, with ``thread_local``) holds it."""
-        return self._owned_in(self.info()) if self.local.token is not None else False
+        return drive(self._owned_steps(), self._perform) if self.local.token is not None else False
 
     def release(self) -> None:
         """Releases the lock (all of the owner's holds). ``LockError`` when this thread does
