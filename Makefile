@@ -15,7 +15,7 @@ CARGO ?= cargo
 MODULE := target/release/libredis_lock.so
 TEST_MODULE := target/debug/libredis_lock.so
 
-.PHONY: all deps deps-valkey deps-valkey9 deps-build deps-server build run test test-valkey test-valkey9 test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
+.PHONY: all deps deps-valkey deps-valkey9 deps-build deps-server old-module build run test test-valkey test-valkey9 test-server lint fmt clean bench bench-quick bench-worst-case bench-check bench-check-update fuzz \
 	dist dist-check test-dist defrag-server test-defrag \
 	python-venv test-python test-python-redis5 lint-python bench-python bench-python-run \
 	node-deps node-build test-node lint-node bench-node bench-node-run
@@ -115,15 +115,25 @@ test-latest: deps
 		echo "== $$t"; $(MAKE) --no-print-directory $$t || { status=1; echo "== $$t FAILED"; }; \
 	done; exit $$status
 
-test-server:
+# The clients' tests also start servers with module 0.3.0 (OLD_MODULE, built from this
+# repository's history by scripts/old-module.sh), to check that they fall back to the plain
+# LOCK.INFO where the module has no OWNER form; they fail when REDIS_LOCK_OLD_MODULE names a
+# file that is not there, and are skipped (saying so) when it is not set.
+OLD_MODULE := $(CURDIR)/target/old-module/libredis_lock.so
+CLIENT_TEST_ENV = REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) REDIS_LOCK_OLD_MODULE=$(OLD_MODULE)
+
+old-module:
+	@CARGO=$(CARGO) scripts/old-module.sh
+
+test-server: old-module
 	@echo "== tests on $$($(SERVER) --version)"
 	$(if $(filter yes,$(CORE_TESTS)),$(CARGO) test --locked -p redis-lock-core -p redis-lock-testkit,@echo "== core and test-kit unit tests: not run again here (no server involved; make test runs them)")
 	$(CARGO) build --locked --features test-hooks
 	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --locked --features test-hooks
 	$(MAKE) --no-print-directory test-dist SERVER=$(SERVER)
-	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(CARGO) test --locked -p redis-lock-client --features tls
-	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-python
-	REDIS_LOCK_SERVER=$(SERVER) REDIS_LOCK_MODULE=$(CURDIR)/$(TEST_MODULE) $(MAKE) test-node
+	$(CLIENT_TEST_ENV) $(CARGO) test --locked -p redis-lock-client --features tls
+	$(CLIENT_TEST_ENV) $(MAKE) test-python
+	$(CLIENT_TEST_ENV) $(MAKE) test-node
 
 # Benchmarks: the module against SET NX + polling and a Lua fair lock, in one run, on a server
 # the tool starts itself. With two or more CPUs the server runs on CPU 0 and the clients on 1.
