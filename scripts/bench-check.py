@@ -104,6 +104,10 @@ def info(c, i):
     c.cmd("LOCK.INFO", "h:%d" % (i % 1000))
 
 
+def info_owner(c, i):
+    c.cmd("LOCK.INFO", "h:%d" % (i % 1000), "OWNER", "holder")
+
+
 def setnx_pair(c, i):
     c.cmd("SET", key(i), OWNER, "NX", "PX", 10000)
     c.cmd("EVAL", CAD, 1, key(i), OWNER)
@@ -119,6 +123,8 @@ SCENARIOS = [
     ("extend", "LOCK.EXTEND of a held lock", held_setup, extend),
     ("busy", "LOCK.ACQUIRE of a held lock, no WAIT (nil)", None, busy),
     ("info", "LOCK.INFO of a held lock", None, info),
+    ("info_owner", "LOCK.INFO key OWNER owner of a held lock (a client's own check)", None,
+     info_owner),
     ("setnx_reference", "SET NX PX + EVAL compare-and-delete (reference, not checked)", None,
      setnx_pair),
 ]

@@ -83,6 +83,11 @@ impl<'a> LockKey<'a> {
 
     /// The lock stored in the key; `None` when the key does not exist; WRONGTYPE when it holds
     /// something else.
+    /// The database the key was opened in.
+    pub fn db(&self) -> i32 {
+        self.db
+    }
+
     pub fn existing(&mut self) -> Result<Option<&mut LockValue>, RedisError> {
         match self.raw.kind() {
             KeyKind::Empty => Ok(None),

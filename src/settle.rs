@@ -285,7 +285,8 @@ fn end_closed(ctx: &Context, db: i32, key: &[u8]) -> (u64, u64) {
 
 /// Whether (`db`, `key`) waits to be settled (no key copy while nothing does).
 pub fn is_dirty(db: i32, key: &[u8]) -> bool {
-    state::with_dirty(|d| !d.is_empty() && d.contains(&(db, Box::<[u8]>::from(key))))
+    state::any_dirty()
+        && state::with_dirty(|d| !d.is_empty() && d.contains(&(db, Box::<[u8]>::from(key))))
 }
 
 /// Opens the key of a lock command that changes it, settled: what Redis did to the key behind
@@ -300,9 +301,15 @@ pub fn is_dirty(db: i32, key: &[u8]) -> bool {
 /// of them (seen once in tests/semaphore.rs's FIFO run under churn, fixed in c6746d6 where only
 /// LOCK.ACQUIRE had the second settle).
 pub fn open_settled<'a>(ctx: &'a Context, key: &'a RedisString) -> LockKey<'a> {
-    let db = context::selected_db(ctx);
-    run_for(ctx, db, key.as_slice());
+    // The common path, nothing to settle anywhere: two loads of plain flags.
+    if state::any_dirty() || state::any_closed() {
+        run_for(ctx, context::selected_db(ctx), key.as_slice());
+    }
     let lock_key = LockKey::open_arg(ctx, key);
+    if !state::any_dirty() {
+        return lock_key;
+    }
+    let db = lock_key.db();
     if !is_dirty(db, key.as_slice()) {
         return lock_key;
     }

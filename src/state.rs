@@ -94,7 +94,20 @@ pub fn set_closing(client_id: u64) {
 }
 
 pub fn with_dirty<R>(f: impl FnOnce(&mut BTreeSet<DbKey>) -> R) -> R {
-    DIRTY.with(|d| f(&mut d.borrow_mut()))
+    DIRTY.with(|d| {
+        let mut dirty = d.borrow_mut();
+        let r = f(&mut dirty);
+        ANY_DIRTY.store(!dirty.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        r
+    })
+}
+
+/// Is `DIRTY` non-empty? A plain static, read by every lock command before it opens its key,
+/// so the common path (nothing to settle) costs one load, not a thread-local borrow.
+static ANY_DIRTY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn any_dirty() -> bool {
+    ANY_DIRTY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 pub fn with_bound<R>(f: impl FnOnce(&mut HashMap<u64, BTreeSet<DbKey>>) -> R) -> R {
