@@ -385,7 +385,16 @@ fn lock_info_keeps_the_first_five_fields_in_place_and_adds_later_ones_after() {
         .collect();
     assert_eq!(
         names,
-        ["fence", "holders", "mode", "queue", "waiting", "delay", "waiters"]
+        [
+            "fence",
+            "holders",
+            "mode",
+            "queue",
+            "waiting",
+            "delay",
+            "holders_count",
+            "waiters"
+        ]
     );
 }
 

@@ -1911,7 +1911,8 @@ fn a_replica_has_the_same_semaphores_and_a_promoted_one_keeps_them() {
 // ---------------------------------------------------------------------------------------------
 
 /// RESP2 clients may read LOCK.INFO by position: the first five fields keep their places, then
-/// `delay`, then `capacity` for a semaphore (and only for one), then `waiters`.
+/// `delay`, then `capacity` for a semaphore (and only for one), then `holders_count` (version
+/// 4), then `waiters`.
 #[test]
 fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
     let server = Server::start();
@@ -1928,7 +1929,17 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
     let names: Vec<&str> = shape.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["fence", "holders", "mode", "queue", "waiting", "delay", "capacity", "waiters"]
+        [
+            "fence",
+            "holders",
+            "mode",
+            "queue",
+            "waiting",
+            "delay",
+            "capacity",
+            "holders_count",
+            "waiters"
+        ]
     );
     let map = info(&mut c, "li").unwrap();
     assert_eq!(value_text(&map["mode"]), "semaphore");
@@ -1959,7 +1970,7 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
                 .collect();
             assert_eq!(fields["capacity"], Value::Int(2));
             assert_eq!(value_text(&fields["mode"]), "semaphore");
-            assert_eq!(fields.len(), 8);
+            assert_eq!(fields.len(), 9);
         }
         other => panic!("RESP3 LOCK.INFO: {other:?}"),
     }
@@ -1973,7 +1984,16 @@ fn lock_info_of_a_semaphore_keeps_field_positions_and_adds_capacity_last() {
         .collect();
     assert_eq!(
         names,
-        ["fence", "holders", "mode", "queue", "waiting", "delay", "waiters"]
+        [
+            "fence",
+            "holders",
+            "mode",
+            "queue",
+            "waiting",
+            "delay",
+            "holders_count",
+            "waiters"
+        ]
     );
     assert_eq!(int(&mut c, &["LOCK.RELEASE", "li", "a", "ALL"]), 0);
     waiter.token();
