@@ -862,13 +862,19 @@ fn main() {
             }
         }
     }
-    // The Rust client's section is measured by its own tests, not here: kept as it was.
+    // The sections measured elsewhere (the Rust client's by its own tests, the version 4 bounds
+    // by their scripts) are kept as they were.
     let mut report = report;
     if let Ok(old) = std::fs::read_to_string(&o.out) {
-        if let Some(kept) = marked_section(&old, RUST_CLIENT_START, RUST_CLIENT_END) {
-            report.push('\n');
-            report.push_str(kept);
-            report.push('\n');
+        for (start, end) in [
+            (V4_BOUNDS_START, V4_BOUNDS_END),
+            (RUST_CLIENT_START, RUST_CLIENT_END),
+        ] {
+            if let Some(kept) = marked_section(&old, start, end) {
+                report.push('\n');
+                report.push_str(kept);
+                report.push('\n');
+            }
         }
     }
     if let Err(e) = std::fs::write(&o.out, &report) {
@@ -882,6 +888,11 @@ fn main() {
 /// latency, from `cargo test -p redis-lock-client --test loss_latency`).
 const RUST_CLIENT_START: &str = "<!-- rust-client:start -->";
 const RUST_CLIENT_END: &str = "<!-- rust-client:end -->";
+
+/// The markers around the version 4 bounds (first waiter, closing connection, WAIT deadlines),
+/// measured by scripts/first-waiter-cost.py, bound-close-cost.py and wait-lateness.py.
+const V4_BOUNDS_START: &str = "<!-- v4-bounds:start -->";
+const V4_BOUNDS_END: &str = "<!-- v4-bounds:end -->";
 
 /// The text from `start` to `end` (both included), if `text` has them in that order.
 fn marked_section<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
