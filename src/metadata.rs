@@ -55,6 +55,13 @@ const fn arg(name: &'static str, kind: ArgKind) -> ArgDoc {
 const KEY: ArgDoc = arg("key", ArgKind::Key);
 const OWNER: ArgDoc = arg("owner", ArgKind::String);
 const TTL: ArgDoc = arg("ttl", ArgKind::Integer);
+/// `[COUNT n]` of LOCK.INFO and LOCK.QUEUES.
+const COUNT_OPTION: ArgDoc = ArgDoc {
+    name: "count",
+    kind: ArgKind::Integer,
+    token: Some("COUNT"),
+    optional: true,
+};
 const WAIT: ArgDoc = ArgDoc {
     name: "timeout",
     kind: ArgKind::Integer,
@@ -183,12 +190,7 @@ pub const INFO: CommandDoc = CommandDoc {
             token: Some("OWNER"),
             optional: true,
         },
-        ArgDoc {
-            name: "count",
-            kind: ArgKind::Integer,
-            token: Some("COUNT"),
-            optional: true,
-        },
+        COUNT_OPTION,
     ],
 };
 
@@ -235,12 +237,7 @@ pub const QUEUES: CommandDoc = CommandDoc {
             token: Some("BY"),
             optional: true,
         },
-        ArgDoc {
-            name: "count",
-            kind: ArgKind::Integer,
-            token: Some("COUNT"),
-            optional: true,
-        },
+        COUNT_OPTION,
         ArgDoc {
             name: "prefix",
             kind: ArgKind::String,

@@ -13,8 +13,8 @@ use libfuzzer_sys::fuzz_target;
 use redis_lock_core::reference::check_invariants;
 use redis_lock_core::stored::{decode, encode, ByteSink, ByteSource, ENCODING_VERSION};
 use redis_lock_core::{
-    FenceCounter, HoldOptions, Lock, Mode, Request, Step, WaiterId, MAX_DURATION, MAX_INSTANT,
-    MAX_TOKEN,
+    FenceCounter, HoldOptions, Lock, Mode, Request, Step, UserId, WaiterId, MAX_DURATION,
+    MAX_INSTANT, MAX_TOKEN,
 };
 
 fn run_ops(lock: &mut Lock, mut now: u64, ops: &[u8], fences: &mut FenceCounter) {
@@ -47,6 +47,8 @@ fn run_ops(lock: &mut Lock, mut now: u64, ops: &[u8], fences: &mut FenceCounter)
                         } else {
                             0
                         },
+                        // Two users, or unknown: the user travels with the hold, not stored.
+                        user: UserId::from((arg & 0x60) >> 5),
                     },
                     capacity: if mode == Mode::Permit {
                         u32::from(arg % 4) + 1
@@ -117,7 +119,8 @@ fuzz_target!(|data: &[u8]| {
     // defaults, so compare against a re-decode instead).
     let mut sink = ByteSink::default();
     encode(&mut sink, &lock);
-    let again = decode(&mut ByteSource::new(&sink.bytes), ENCODING_VERSION).expect("an encoded value decodes");
+    let again = decode(&mut ByteSource::new(&sink.bytes), ENCODING_VERSION)
+        .expect("an encoded value decodes");
     let mut sink2 = ByteSink::default();
     encode(&mut sink2, &again.lock);
     assert_eq!(sink.bytes, sink2.bytes);
