@@ -50,6 +50,9 @@ const FEW_KEYS: usize = 64;
 /// holders).
 const SLICE: Duration = Duration::from_micros(250);
 
+/// A pass looks at its [`SLICE`] budget after this many keys (a key costs about a µs).
+const SLICE_CHECK_EVERY: u32 = 8;
+
 /// The keys where a closed connection held bound holds: settled (its holds ended) by the
 /// coming passes, or earlier by a lock command on one of them.
 pub fn mark_closed(keys: BTreeSet<state::DbKey>) {
@@ -222,19 +225,27 @@ pub fn run_all(ctx: &Context) {
     let original_db = context::selected_db(ctx);
     let mut lost = Lost::default();
     let mut more = false;
-    while let Some((closed, (db, key))) = next_key() {
-        if context::select_db(ctx, db) {
-            if closed {
-                lost.add(end_closed(ctx, db, &key));
-            } else {
-                lost.add(settle(ctx, db, &key));
+    // One clock read per slice for the keys' own times, and the slice's budget looked at every
+    // few keys: per key, both were about 7 % of closing a connection with 100,000 bound holds.
+    context::with_now_frozen(|| {
+        let mut selected = original_db;
+        let mut settled: u32 = 0;
+        while let Some((closed, (db, key))) = next_key() {
+            if db == selected || context::select_db(ctx, db) {
+                selected = db;
+                if closed {
+                    lost.add(end_closed(ctx, db, &key));
+                } else {
+                    lost.add(settle(ctx, db, &key));
+                }
+            }
+            settled = settled.wrapping_add(1);
+            if settled % SLICE_CHECK_EVERY == 0 && started.elapsed() >= SLICE {
+                more = true;
+                break;
             }
         }
-        if started.elapsed() >= SLICE {
-            more = true;
-            break;
-        }
-    }
+    });
     context::select_db(ctx, original_db);
     lost.log(ctx);
     if more {
