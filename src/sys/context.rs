@@ -28,11 +28,18 @@ pub fn now_ms() -> u64 {
 /// that lasts a fraction of a millisecond (a settle slice), where a clock read per key was 3 %
 /// of the work. A time read inside is at most that slice old.
 pub fn with_now_frozen<R>(f: impl FnOnce() -> R) -> R {
+    /// Thaws the clock when dropped, so a panic inside `f` (caught by the guard around the
+    /// callback) cannot leave every later [`now_ms`] answering this slice's time.
+    struct Thaw;
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            FROZEN_NOW.with(|c| c.set(0));
+        }
+    }
     let now = now_ms();
     FROZEN_NOW.with(|c| c.set(now));
-    let r = f();
-    FROZEN_NOW.with(|c| c.set(0));
-    r
+    let _thaw = Thaw;
+    f()
 }
 
 /// Current Unix time in µs, from the same wall clock as [`now_ms`] (CLOCK_REALTIME); read only
