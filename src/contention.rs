@@ -23,7 +23,7 @@
 //! # Owners are (user, name)
 //!
 //! Deadlock detection tells owners apart by the ACL user that made the hold and the owner name
-//! (`redis_lock_core::Who`, SPEC.md "Tenants, version 4"): entries are filed by both, so holds
+//! (`redis_lock_core::Who`, docs/commands.md, "Deadlock detection"): entries are filed by both, so holds
 //! that another user made under the same name are never listed for this user's owner, and
 //! cost its walk nothing. A hold whose user is not known (`UNKNOWN_USER`: loaded from an RDB
 //! file or the AOF, restored, received from a master, or made in a script) is filed under no

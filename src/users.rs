@@ -1,5 +1,5 @@
 //! ACL users as small numbers: deadlock detection tells owners apart by (user, owner name)
-//! (SPEC.md, "Tenants, version 4"), so each hold and each queued request records the user of
+//! (docs/commands.md, "Deadlock detection"), so each hold and each queued request records the user of
 //! the connection that made it, as a number that fits in what would be padding of a holder.
 //!
 //! The numbers are handed out in the order users are first seen and never reused while the

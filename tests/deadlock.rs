@@ -345,7 +345,7 @@ fn many_holders(c: &mut Connection, key: &str, n: usize, capacity: Option<usize>
 }
 
 /// The first waiter on a key with many holders, its timeout and the queue emptying do work
-/// that does not grow with the holders (SPEC.md, "Bounded cost, everywhere"): the module
+/// that does not grow with the holders (docs/commands.md and docs/benchmarks.md, section 14): the module
 /// allocates nothing per holder for them, and the deadlock index files the key once. (Before
 /// version 4 every holder was copied into the deadlock index when the queue appeared, and
 /// dropped when it emptied.) Nor do the holders cost the index anything while nobody waits

@@ -817,7 +817,7 @@ fn a_queues_reply_cut_short_says_so_and_a_prefix_finds_ones_own() {
 }
 
 /// Holds that another user made under the same owner name are someone else's for deadlock
-/// detection (SPEC.md, "Tenants, version 4"): alice holds 600 of her own keys as `w1`, each
+/// detection (docs/commands.md, "Deadlock detection"): alice holds 600 of her own keys as `w1`, each
 /// with a waiter; bob's `w1` / `w2` two-owner cycle is still refused at once, and no check is
 /// cut. (Before, alice's 600 entries were charged to bob's budget: bob's request waited out
 /// its WAIT and got nil, and the cut counter rose.)

@@ -1,5 +1,5 @@
 //! The bounded search's cost: what it visits and what it never does (the comparison with the
-//! brute-force reading of SPEC.md is in `deadlock_reference_tests.rs`, which runs both on random systems).
+//! brute-force reading of the rules is in `deadlock_reference_tests.rs`, which runs both on random systems).
 
 use super::*;
 use crate::{Acquired, FenceCounter, HoldOptions, Request, Step};
@@ -393,8 +393,8 @@ fn a_queue_listing_stopped_at_the_limit_is_a_cut() {
 }
 
 /// An owner is the pair (user, name): holds and requests that another user made under the
-/// same name are someone else's, so they close no cycle with the requester (SPEC.md,
-/// "Tenants, version 4").
+/// same name are someone else's, so they close no cycle with the requester (docs/commands.md,
+/// "Deadlock detection").
 #[test]
 fn owners_of_different_users_are_different_owners() {
     let mut keys = Keys::new(2);
